@@ -1,0 +1,221 @@
+"""What a plugin declares about an atom: contract, type inference, kernels, fusion traits.
+
+The core knows no atom by name. Everything it needs to validate, plan, fuse and run an
+instruction comes from the ``AtomSpec`` a plugin registers under one or more references.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from .errors import FormulaError, fail
+from .types import Size, TensorType, dtypes_compatible, extents_compatible
+
+# backend name -> factory(node) -> run(inputs, out). `inputs` are the operand arrays (host NumPy
+# arrays for "reference"/"cpu", device arrays for "cuda"); `out` is a preallocated array of the
+# node's output type to fill. A kernel never writes its inputs (unless the planner aliased `out`
+# to the operand named by ``AtomSpec.inplace``).
+KernelFactory = Callable[["Node"], Callable[[Sequence[Any], Any], None]]
+
+# backend name -> factory(node, epilogue) -> run(inputs, extras, out): the anchor computes its
+# value and, before storing each element, applies the epilogue (see runtime.fusion.Epilogue).
+# `extras` are the epilogue's extra operands as arrays of out's shape (broadcast views).
+AnchorFactory = Callable[["Node", Any], Callable[[Sequence[Any], Sequence[Any], Any], None]]
+
+
+@attrs.frozen
+class ScalarOp:
+    """An elementwise atom as a scalar expression, so the planner can fuse chains of them.
+
+    ``expr`` is a Python expression over ``{0}``, ``{1}``… (the node's operands, one element
+    each, already broadcast to the output) valid in plain Python, ``numba.njit`` and
+    ``numba.cuda.jit`` device code; ``math`` is in scope. Placeholders are always plain names.
+    """
+
+    expr: str
+
+
+@attrs.frozen
+class AtomSpec:
+    name: str
+    refs: tuple[str, ...]  # every reference this atom answers to (versioned ref first)
+    inputs: tuple[str, ...]  # operand names, in instruction order
+    attributes: frozenset[str]  # the exact attribute key set
+    infer: Callable[["InferContext"], TensorType]  # validates and returns the output type
+    kernels: Mapping[str, KernelFactory] = attrs.field(factory=dict)
+    # host-side value checks (index_range, duplicate_index) run before the node's kernel;
+    # ``checked_inputs`` names the operand positions they read (the CUDA backend copies only those).
+    check_values: Callable[["Node", Sequence[Any]], None] | None = None
+    checked_inputs: tuple[int, ...] = ()
+    elementwise: Callable[["Node"], ScalarOp] | None = None  # fusable as an epilogue
+    anchors: Mapping[str, AnchorFactory] = attrs.field(factory=dict)  # may absorb an epilogue
+    inplace: int | None = None  # operand whose buffer the output may reuse
+    summary: str = ""
+
+    @property
+    def ref(self) -> str:
+        return self.refs[0]
+
+
+@attrs.frozen
+class Node:
+    """An instruction with every type resolved for one set of symbol extents."""
+
+    index: int
+    instruction_id: str
+    atom: AtomSpec
+    attributes: Mapping[str, Any]
+    input_slots: tuple[str, ...]
+    output_slot: str
+    input_types: tuple[TensorType, ...]
+    output_type: TensorType
+    path: str  # JSON path of the instruction, for errors raised while running it
+
+
+class InferContext:
+    """Everything an atom's ``infer`` may look at, plus helpers that raise with the right path.
+
+    At load time operand sizes may be symbols and dtypes 'floating'; when a program is planned
+    for concrete extents ``infer`` runs again on resolved types, with ``dims`` the symbol table.
+    """
+
+    def __init__(self, atom: AtomSpec, path: str, attributes: Mapping[str, Any],
+                 operands: Sequence[TensorType], operand_slots: Sequence[str],
+                 dims: Mapping[str, int] | None = None):
+        self.atom = atom
+        self.path = path
+        self.attributes = attributes
+        self.operands = tuple(operands)
+        self.operand_slots = tuple(operand_slots)
+        self.dims = dict(dims or {})
+
+    # --- attributes -------------------------------------------------------------------
+    def attr_path(self, key: str) -> str:
+        return f"{self.path}.attributes.{key}"
+
+    def bad_attr(self, key: str, message: str):
+        fail("atom_attributes", self.attr_path(key), f"{self.atom.name}: {message}")
+
+    def mismatch(self, message: str, operand: int | None = None):
+        path = self.path if operand is None else f"{self.path}.input_slots[{operand}]"
+        fail("type_mismatch", path, f"{self.atom.name}: {message}")
+
+    def attr_str(self, key: str, choices: Sequence[str] | None = None) -> str:
+        v = self.attributes[key]
+        if not isinstance(v, str):
+            self.bad_attr(key, f"expected a string, got {_json_kind(v)}")
+        if choices is not None and v not in choices:
+            self.bad_attr(key, f"{v!r} is not one of {', '.join(map(repr, choices))}")
+        return v
+
+    def attr_int(self, key: str, minimum: int | None = None, nullable: bool = False) -> int | None:
+        v = self.attributes[key]
+        if v is None and nullable:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            self.bad_attr(key, f"expected an integer, got {_json_kind(v)}")
+        if minimum is not None and v < minimum:
+            self.bad_attr(key, f"expected an integer >= {minimum}, got {v}")
+        return v
+
+    def attr_number(self, key: str, minimum_exclusive: float | None = None) -> float:
+        v = self.attributes[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            self.bad_attr(key, f"expected a number, got {_json_kind(v)}")
+        if minimum_exclusive is not None and not v > minimum_exclusive:
+            self.bad_attr(key, f"expected a number > {minimum_exclusive}, got {v}")
+        return float(v)
+
+    def attr_axes(self, key: str, unique: bool = True) -> tuple[str, ...]:
+        v = self.attributes[key]
+        if not isinstance(v, list) or not all(isinstance(a, str) for a in v):
+            self.bad_attr(key, f"expected a list of axis names, got {_json_kind(v)}")
+        if unique and len(set(v)) != len(v):
+            self.bad_attr(key, f"axes repeat in {v}")
+        return tuple(v)
+
+    def accumulation(self, key: str = "accumulation_dtype") -> str:
+        return self.attr_str(key, ("activation", "float32"))
+
+    def axis_of(self, key: str, operand: int, value: Any = None) -> str:
+        """An attribute naming an axis of operand ``operand``."""
+        axis = self.attributes[key] if value is None else value
+        if not isinstance(axis, str):
+            self.bad_attr(key, f"expected an axis name, got {_json_kind(axis)}")
+        t = self.operands[operand]
+        if axis not in t.axes:
+            self.bad_attr(key, f"{self.atom.inputs[operand]} has no axis {axis!r} (axes {list(t.axes)})")
+        return axis
+
+    # --- operand checks ---------------------------------------------------------------
+    def require_dtype(self, operand: int, allowed: Sequence[str] | str, what: str = ""):
+        t = self.operands[operand]
+        if isinstance(allowed, str):
+            ok = dtypes_compatible(t.dtype, allowed) if allowed != "floating" else _is_floating(t.dtype)
+            want = allowed
+        else:
+            ok = t.dtype in allowed
+            want = " or ".join(allowed)
+        if not ok:
+            self.mismatch(f"{self.atom.inputs[operand]} must be {want}{what}, got {t.dtype}", operand)
+
+    def require_same_dtype_domain(self, a: int, b: int):
+        ta, tb = self.operands[a], self.operands[b]
+        if not dtypes_compatible(ta.dtype, tb.dtype):
+            self.mismatch(f"{self.atom.inputs[a]} is {ta.dtype} but {self.atom.inputs[b]} is {tb.dtype}", b)
+        if ta.domain != tb.domain:
+            self.mismatch(f"{self.atom.inputs[a]} is in domain {ta.domain!r} but "
+                          f"{self.atom.inputs[b]} is in {tb.domain!r}", b)
+
+    def require_extent(self, a: Size, b: Size, what: str, operand: int | None = None):
+        if not extents_compatible(a, b):
+            self.mismatch(f"{what}: extents {a} and {b} differ", operand)
+
+    def output(self, axes: Sequence[str], sizes: Sequence[Size], like: int = 0,
+               dtype: str | None = None) -> TensorType:
+        t = self.operands[like]
+        return TensorType(tuple(axes), tuple(sizes), dtype or t.dtype, t.domain, t.schema_ref)
+
+
+def _is_floating(dtype: str) -> bool:
+    from .types import is_float
+
+    return is_float(dtype)
+
+
+def _json_kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int):
+        return f"the integer {v}"
+    if isinstance(v, float):
+        return f"the number {v}"
+    if isinstance(v, str):
+        return f"the string {v!r}"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, dict):
+        return "an object"
+    return type(v).__name__
+
+
+__all__ = ["AtomSpec", "ScalarOp", "Node", "InferContext", "FormulaError", "KernelFactory",
+           "AnchorFactory"]
+
+
+def bind_node(spec: AtomSpec, attributes: Mapping[str, Any], input_types: Sequence[TensorType],
+              dims: Mapping[str, int] | None = None, instruction_id: str = "i0",
+              index: int = 0) -> Node:
+    """Run ``infer`` on resolved types and return the Node a kernel factory receives.
+
+    Used by the planner, and by atom tests that drive kernels without a whole program."""
+    path = f"$.instructions[{index}]"
+    slots = tuple(f"in{k}" for k in range(len(input_types)))
+    ctx = InferContext(spec, path, attributes, input_types, slots, dims)
+    out = spec.infer(ctx)
+    return Node(index, instruction_id, spec, attributes, slots, f"%{instruction_id}",
+                tuple(input_types), out, path)

@@ -1,0 +1,55 @@
+"""What a backend provides to the executor. Atoms bring the kernels; a backend brings memory,
+transfers and the generic fused-elementwise kernel."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..fusion import Epilogue
+from ..types import TensorType
+
+
+class Backend:
+    name: str = "?"
+    fuses: bool = False  # whether the planner should form fused groups for this backend
+
+    def unavailable_reason(self) -> str | None:
+        """None when the backend can run here, else why not (no GPU, missing extra...)."""
+        return None
+
+    # --- memory -------------------------------------------------------------------------
+    def allocate(self, nbytes: int) -> Any:
+        """One arena: a flat byte buffer."""
+        raise NotImplementedError
+
+    def view(self, arena: Any, offset: int, t: TensorType) -> Any:
+        """A C-contiguous array of type ``t`` at ``offset`` bytes into ``arena``."""
+        raise NotImplementedError
+
+    def empty(self, t: TensorType) -> Any:
+        """A fresh array for a result handed to the caller."""
+        raise NotImplementedError
+
+    def to_backend(self, host_value: Any) -> Any:
+        return host_value
+
+    def to_host(self, value: Any) -> Any:
+        return value
+
+    def align(self, value: Any, value_type: TensorType, target: TensorType) -> Any:
+        """``value`` broadcast by axis name to ``target``'s shape (stride-0 axes)."""
+        raise NotImplementedError
+
+    # --- kernels ------------------------------------------------------------------------
+    def elementwise_kernel(self, epilogue: Epilogue, out_type: TensorType):
+        """A kernel ``run(extras, out)`` computing an anchorless fused elementwise chain,
+        ``extras`` being the epilogue's operands aligned to ``out_type``."""
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        pass
+
+
+def aligned_extras(backend: Backend, values: Sequence[Any], types: Sequence[TensorType],
+                   target: TensorType) -> list[Any]:
+    return [backend.align(v, t, target) for v, t in zip(values, types)]

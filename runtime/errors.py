@@ -1,0 +1,35 @@
+"""The one exception type of the public API.
+
+Every failure a caller can provoke (a malformed program, a bad binding, a broken plugin)
+is a ``FormulaError`` with a stable ``code`` (SPEC §6) and a JSON ``path`` into the program
+or the call, so tools can point at the offending field without parsing messages.
+"""
+from __future__ import annotations
+
+CODES = frozenset(
+    """schema unsupported_schema invalid_name invalid_type duplicate slot_producer
+    ssa_visibility invalid_step unknown_atom atom_signature atom_attributes type_mismatch
+    invalid_output unsupported_route bank_bundle limit_exceeded binding_keys binding_shape
+    binding_dtype nonfinite symbol_conflict index_range duplicate_index bank_identity
+    plugin_conflict backend_unavailable plugin_error bank_store""".split()
+)
+
+
+class FormulaError(Exception):
+    """An error with a stable ``code`` and the JSON ``path`` of what caused it."""
+
+    def __init__(self, code: str, path: str, message: str):
+        if code not in CODES:  # a typo here would silently break callers matching on codes
+            raise ValueError(f"unknown FormulaError code {code!r}")
+        self.code = code
+        self.path = path
+        self.message = message
+        super().__init__(f"[{code}] {path}: {message}")
+
+    def __reduce__(self):
+        return (type(self), (self.code, self.path, self.message))
+
+
+def fail(code: str, path: str, message: str):
+    """Raise a FormulaError; a function so validators read as one line per rule."""
+    raise FormulaError(code, path, message)

@@ -1,0 +1,64 @@
+"""Epilogues: chains of elementwise atoms rendered as straight-line scalar code.
+
+A fused group is an optional *anchor* (an atom that declares it can absorb an epilogue, e.g.
+a contraction) followed by elementwise nodes, each reading the previous node's value once.
+Backends turn the epilogue into source for their own kernels, so one planner decision
+serves NumPy-free CPU loops and CUDA threads alike.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import attrs
+
+from .atomspec import Node, ScalarOp
+from .types import TensorType
+
+CHAIN = -1  # operand source: the value flowing down the chain
+
+
+@attrs.frozen
+class EpilogueStep:
+    node: Node
+    op: ScalarOp
+    sources: tuple[int, ...]  # per operand: CHAIN or the index of an extra operand
+
+
+@attrs.frozen
+class Epilogue:
+    steps: tuple[EpilogueStep, ...]
+    extra_slots: tuple[str, ...]  # slots read by the steps, besides the chain value
+    extra_types: tuple[TensorType, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not self.steps
+
+    @property
+    def n_extra(self) -> int:
+        return len(self.extra_slots)
+
+    def emit(self, value: str | None, extras: Sequence[str], indent: str = "") -> tuple[list[str], str]:
+        """Lines computing the chain from ``value`` (None for a chain with no anchor) and the
+        element expressions ``extras``; returns the lines and the name of the result."""
+        lines = [f"{indent}_e{k} = {src}" for k, src in enumerate(extras)]
+        current = value
+        for s, step in enumerate(self.steps):
+            args = [current if src == CHAIN else f"_e{src}" for src in step.sources]
+            if any(a is None for a in args):
+                raise ValueError("the first step of an anchorless chain cannot read the chain")
+            lines.append(f"{indent}_v{s} = {step.op.expr.format(*args)}")
+            current = f"_v{s}"
+        if current is None:
+            raise ValueError("empty epilogue without an anchor value")
+        return lines, current
+
+    @property
+    def key(self) -> str:
+        """A stable digest of the scalar code, for naming generated kernels."""
+        text = "|".join(f"{s.op.expr}:{s.sources}" for s in self.steps)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+EMPTY_EPILOGUE = Epilogue((), (), ())

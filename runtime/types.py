@@ -1,0 +1,123 @@
+"""Named-axis tensor types and the dtype vocabulary shared by the loader, atoms and backends."""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # axes and size symbols
+BINDING_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")  # bindings and member ids
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+DTYPES = ("floating",) + FLOAT_DTYPES + ("int64", "boolean")
+
+Size = int | str  # a static extent, or a symbol bound once per run
+
+
+def is_float(dtype: str) -> bool:
+    return dtype == "floating" or dtype in FLOAT_DTYPES
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The NumPy dtype of a concrete formula dtype (bfloat16 needs ml_dtypes)."""
+    if dtype == "boolean":
+        return np.dtype(np.bool_)
+    if dtype == "bfloat16":
+        import ml_dtypes  # optional: only programs that use bfloat16 need it
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def formula_dtype(dt: np.dtype) -> str | None:
+    """The formula dtype name of a NumPy dtype, or None if the format has no such dtype."""
+    dt = np.dtype(dt)
+    if dt == np.bool_:
+        return "boolean"
+    if dt.name in FLOAT_DTYPES or dt.name == "int64":
+        return dt.name
+    return None
+
+
+def accumulation_dtype(dtype: str, accumulation: str) -> str:
+    """SPEC §3 `acc`: 'activation' computes in the operand dtype, 'float32' in float32 (float64 stays)."""
+    if accumulation == "activation" or dtype in ("float64", "int64", "boolean"):
+        return dtype
+    return "float32"
+
+
+@attrs.frozen
+class TensorType:
+    """A named-axis type. Sizes are ints or symbols; `dtype` may be 'floating' until run time."""
+
+    axes: tuple[str, ...]
+    sizes: tuple[Size, ...]
+    dtype: str
+    domain: str
+    schema_ref: str = "arti/formula-tensor-type@1"
+
+    @property
+    def rank(self) -> int:
+        return len(self.axes)
+
+    def size_of(self, axis: str) -> Size:
+        return self.sizes[self.axes.index(axis)]
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(s, int) for s in self.sizes)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The concrete shape; only for resolved types."""
+        if not self.is_static:
+            raise ValueError(f"type {self} has symbolic sizes")
+        return tuple(self.sizes)  # type: ignore[arg-type]
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.elements * numpy_dtype(self.dtype).itemsize
+
+    def evolve(self, **changes) -> "TensorType":
+        return attrs.evolve(self, **changes)
+
+    def resolve(self, dims: Mapping[str, int], dtype: str | None = None) -> "TensorType":
+        """Substitute known symbols (and a concrete dtype for 'floating')."""
+        sizes = tuple(dims.get(s, s) if isinstance(s, str) else s for s in self.sizes)
+        return attrs.evolve(self, sizes=sizes, dtype=dtype or self.dtype)
+
+    def same_as(self, other: "TensorType") -> bool:
+        """Equal as types (the schema_ref spelling does not matter)."""
+        return (self.axes, self.sizes, self.dtype, self.domain) == (
+            other.axes, other.sizes, other.dtype, other.domain)
+
+    def describe(self) -> str:
+        dims = ", ".join(f"{a}={s}" for a, s in zip(self.axes, self.sizes))
+        return f"{self.dtype}[{dims}]@{self.domain}"
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def extents_compatible(a: Size, b: Size) -> bool:
+    """Could two extents be equal? Only two different static ints certainly differ."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if isinstance(a, str) and isinstance(b, str):
+        return True  # two symbols may be bound to one extent
+    return True
+
+
+def dtypes_compatible(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    return {a, b} <= set(FLOAT_DTYPES + ("floating",)) and "floating" in (a, b)
