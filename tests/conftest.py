@@ -1,0 +1,7 @@
+"""Test-session setup. The CUDA simulator must be switched on before numba is imported, so
+it happens here, first: CI has no GPU, and every CUDA test runs on the simulator unless
+FORMULA_REAL_CUDA=1 asks for the real device (bench/gpu_check.sh does)."""
+import os
+
+if os.environ.get("FORMULA_REAL_CUDA") != "1":
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
