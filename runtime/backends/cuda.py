@@ -1,0 +1,82 @@
+"""``numba.cuda`` kernels with one device arena per executable.
+
+numba-cuda is an optional extra (``pip install formula-runtime[cuda]``); without it, or
+without a GPU (and without the simulator, ``NUMBA_ENABLE_CUDASIM=1``), the backend reports
+itself unavailable and the other backends keep working.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..types import TensorType, numpy_dtype
+from .base import Backend
+
+ARENA_ALIGNMENT = 256  # cudaMalloc alignment; the planner's offsets are multiples of 64
+
+
+def is_device_array(value) -> bool:
+    return hasattr(value, "__cuda_array_interface__") and not isinstance(value, np.ndarray)
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    fuses = True
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            from numba import cuda
+        except ImportError as exc:
+            return f"numba.cuda cannot be imported ({exc}); install the extra: pip install 'formula-runtime[cuda]'"
+        try:
+            if not cuda.is_available():
+                return "no CUDA GPU or driver was found (set NUMBA_ENABLE_CUDASIM=1 to use the simulator)"
+        except Exception as exc:  # drivers report problems in many ways
+            return f"CUDA is not usable here: {type(exc).__name__}: {exc}"
+        return None
+
+    @property
+    def cuda(self):
+        from numba import cuda
+
+        return cuda
+
+    def allocate(self, nbytes: int):
+        return self.cuda.device_array(max(nbytes, 1), dtype=np.uint8)
+
+    def view(self, arena, offset: int, t: TensorType):
+        dtype = numpy_dtype(t.dtype)
+        return arena[offset:offset + t.nbytes].view(dtype).reshape(t.shape)
+
+    def empty(self, t: TensorType):
+        return self.cuda.device_array(t.shape, dtype=numpy_dtype(t.dtype))
+
+    def to_backend(self, host_value):
+        if is_device_array(host_value):
+            return host_value
+        return self.cuda.to_device(np.ascontiguousarray(host_value))
+
+    def to_host(self, value):
+        if isinstance(value, np.ndarray):
+            return value
+        return value.copy_to_host()
+
+    def align(self, value, value_type: TensorType, target: TensorType):
+        """Device operands in 'keepdims' form: target's rank and axis order, extent 1 where
+        broadcast. A view when the operand's axes already follow the target's order."""
+        order = sorted(range(value_type.rank), key=lambda i: target.axes.index(value_type.axes[i]))
+        present = {value_type.axes[i]: value_type.shape[i] for i in range(value_type.rank)}
+        keep_shape = tuple(present.get(a, 1) for a in target.axes)
+        if tuple(value.shape) == keep_shape:
+            return value
+        if order == sorted(order):
+            return value.reshape(keep_shape)
+        host = self.to_host(value).transpose(order)
+        return self.cuda.to_device(np.ascontiguousarray(host).reshape(keep_shape))
+
+    def elementwise_kernel(self, epilogue, out_type):
+        from .cuda_codegen import elementwise_kernel
+
+        return elementwise_kernel(epilogue, out_type)
+
+    def synchronize(self) -> None:
+        self.cuda.synchronize()

@@ -1,0 +1,12 @@
+"""The oracle: every atom's plain-NumPy kernel, one instruction at a time, no fusion."""
+from __future__ import annotations
+
+from .host import HostBackend
+
+
+class ReferenceBackend(HostBackend):
+    name = "reference"
+    fuses = False
+
+    def elementwise_kernel(self, epilogue, out_type):
+        raise NotImplementedError("the reference backend runs every instruction on its own")

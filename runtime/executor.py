@@ -1,0 +1,242 @@
+"""Compiled executables: plan once per set of extents, then run groups over one arena.
+
+A run binds and checks the values (SPEC §4), finds or builds the compiled plan for their
+extents (types, fused groups, kernels, arena layout, memory preflight — all before anything
+is allocated), then launches one kernel per group. Results are fresh arrays: nothing handed
+to the caller aliases the arena or a later run's memory.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .atomspec import Node
+from .bindings import bind_values
+from .errors import FormulaError, fail
+from .model import Program
+from .planner import Plan, make_plan
+from .registry import Registry
+from .resolve import resolve_nodes
+from .types import TensorType, formula_dtype
+
+MAX_CACHED_PLANS = 16
+
+
+class Result(Mapping):
+    """Output slot id -> array, plus the per-group ``trace`` when asked for."""
+
+    def __init__(self, values: dict[str, Any], trace: list[dict[str, Any]] | None, plan: Plan):
+        self._values = values
+        self.trace = trace
+        self.plan = plan
+
+    def __getitem__(self, key: str):
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Result({', '.join(f'{k}: {getattr(v, 'shape', ())}' for k, v in self._values.items())})"
+
+
+@attrs.define
+class _Launch:
+    """One group, ready to run: the kernel and where its operands live."""
+
+    run: Any
+    kind: str  # "node" | "anchor" | "chain"
+    inputs: tuple[str, ...]  # anchor (or lone node) operand slots
+    extras: tuple[str, ...]  # epilogue operand slots, aligned to the output
+    extra_types: tuple[TensorType, ...]
+    output: str
+    output_type: TensorType
+    checks: tuple[tuple[Node, tuple[int, ...]], ...]  # value checks before this kernel
+    label: dict[str, Any]
+
+
+class CompiledPlan:
+    def __init__(self, plan: Plan, types: dict[str, TensorType], launches: list[_Launch],
+                 upfront_checks, backend):
+        self.plan = plan
+        self.types = types
+        self.launches = launches
+        self.upfront_checks = upfront_checks
+        self.backend = backend
+        self._free_arenas: list[Any] = []
+        self._lock = threading.Lock()
+
+    def acquire_arena(self):
+        """Each concurrent run gets its own arena; arenas are reused run after run."""
+        with self._lock:
+            if self._free_arenas:
+                return self._free_arenas.pop()
+        return self.backend.allocate(self.plan.arena_bytes)
+
+    def release_arena(self, arena) -> None:
+        with self._lock:
+            self._free_arenas.append(arena)
+
+
+class Executable:
+    def __init__(self, program: Program, backend: str, registry: Registry):
+        self.program = program
+        self.registry = registry
+        self.backend = registry.backend(backend)
+        self.specs = [registry.atom(ins.atom_ref, f"$.instructions[{i}].atom_ref")
+                      for i, ins in enumerate(program.instructions)]
+        self._plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()
+        self._plans_lock = threading.Lock()
+
+    # --- planning -----------------------------------------------------------------------
+    def plan(self, dims: Mapping[str, int] | None = None, dtypes: Mapping[str, str] | None = None) -> Plan:
+        """The schedule, lifetimes, arena offsets and memory verdict for these extents."""
+        dims = _check_dims(self.program, dims or {})
+        return self._compiled(dims, dict(dtypes or {})).plan
+
+    def _compiled(self, dims: dict[str, int], dtypes: dict[str, str]) -> CompiledPlan:
+        key = (tuple(sorted(dims.items())), tuple(sorted(dtypes.items())))
+        with self._plans_lock:
+            compiled = self._plans.get(key)
+            if compiled is not None:
+                self._plans.move_to_end(key)
+                return compiled
+        compiled = self._build(dims, dtypes)
+        with self._plans_lock:
+            self._plans[key] = compiled
+            while len(self._plans) > MAX_CACHED_PLANS:
+                self._plans.popitem(last=False)
+        return compiled
+
+    def _build(self, dims: dict[str, int], dtypes: dict[str, str]) -> CompiledPlan:
+        program = self.program
+        binding_types = {}
+        for b in program.bindings:
+            t = b.value_type.resolve(dims, dtypes.get(b.name))
+            if not t.is_static:
+                unknown = [s for s in t.sizes if isinstance(s, str)]
+                fail("binding_shape", f"$.dims", f"no extent given for symbols {unknown} of binding {b.name!r}")
+            if t.dtype == "floating":
+                t = t.evolve(dtype="float32")  # planning without values: assume float32
+            binding_types[b.name] = t
+        nodes, dims, types = resolve_nodes(program, self.specs, binding_types, dims)
+        plan = make_plan(nodes, binding_types, program.outputs, program.limits, dims,
+                         backend=self.backend.name, fuse=self.backend.fuses)
+        binding_slots = set(binding_types)
+        launches, upfront = [], []
+        for group in plan.groups:
+            checks = []
+            for node in group.nodes:
+                if node.atom.check_values is not None:
+                    entry = (node, node.atom.checked_inputs)
+                    if all(node.input_slots[k] in binding_slots for k in node.atom.checked_inputs):
+                        upfront.append(entry)
+                    else:
+                        checks.append(entry)
+            launches.append(self._launch(group, tuple(checks)))
+        return CompiledPlan(plan, types, launches, tuple(upfront), self.backend)
+
+    def _launch(self, group, checks) -> _Launch:
+        backend = self.backend.name
+        label = {"instructions": [n.instruction_id for n in group.nodes],
+                 "atoms": [n.atom.ref for n in group.nodes], "backend": backend}
+        epilogue = group.epilogue
+        if group.anchor is None:
+            run, kind, inputs = self.backend.elementwise_kernel(epilogue, group.output_type), "chain", ()
+        else:
+            anchor = group.anchor
+            inputs = anchor.input_slots
+            if epilogue.empty:
+                factory = anchor.atom.kernels.get(backend)
+                kind = "node"
+                run = factory(anchor) if factory else None
+            else:
+                factory = anchor.atom.anchors.get(backend)
+                kind = "anchor"
+                run = factory(anchor, epilogue) if factory else None
+            if run is None:
+                fail("backend_unavailable", anchor.path,
+                     f"atom {anchor.atom.name} ({anchor.atom.ref}) has no {backend!r} kernel; "
+                     f"it has: {', '.join(sorted(anchor.atom.kernels)) or 'none'}")
+        return _Launch(run, kind, tuple(inputs), epilogue.extra_slots, epilogue.extra_types,
+                       group.output_slot, group.output_type, checks, label)
+
+    # --- running ------------------------------------------------------------------------
+    def run(self, inputs: Mapping[str, Any] | None = None, banks: Any = None, trace: bool = False) -> Result:
+        bound = bind_values(self.program, inputs, banks)
+        dtypes = {b.name: formula_dtype(bound.values[b.name].dtype) for b in self.program.bindings
+                  if b.value_type.dtype == "floating"}
+        compiled = self._compiled(bound.dims, dtypes)
+        for node, positions in compiled.upfront_checks:
+            _check(node, positions, lambda slot: bound.values[slot])
+        arena = compiled.acquire_arena()
+        try:
+            return self._execute(compiled, bound, arena, trace)
+        finally:
+            compiled.release_arena(arena)
+
+    def _execute(self, compiled: CompiledPlan, bound, arena, trace: bool) -> Result:
+        backend = self.backend
+        plan = compiled.plan
+        values: dict[str, Any] = {name: backend.to_backend(v) for name, v in bound.values.items()}
+        outputs: dict[str, Any] = {}
+        for slot, buf in plan.buffers.items():
+            if buf.kind == "output":
+                outputs[slot] = values[slot] = backend.empty(compiled.types[slot])
+            elif buf.kind == "temporary":
+                offset = buf.offset if buf.offset is not None else plan.buffers[buf.alias_of].offset
+                values[slot] = backend.view(arena, offset, compiled.types[slot])
+        records = [] if trace else None
+        for launch in compiled.launches:
+            for node, positions in launch.checks:
+                _check(node, positions, lambda slot: backend.to_host(values[slot]))
+            out = values[launch.output]
+            started = time.perf_counter() if trace else 0.0
+            if launch.kind == "node":
+                launch.run([values[s] for s in launch.inputs], out)
+            else:
+                extras = [backend.align(values[s], t, launch.output_type)
+                          for s, t in zip(launch.extras, launch.extra_types)]
+                if launch.kind == "anchor":
+                    launch.run([values[s] for s in launch.inputs], extras, out)
+                else:
+                    launch.run(extras, out)
+            if trace:
+                backend.synchronize()
+                records.append({**launch.label, "output": launch.output,
+                                "ms": (time.perf_counter() - started) * 1e3,
+                                "bytes": launch.output_type.nbytes})
+        backend.synchronize()
+        if all(isinstance(v, np.ndarray) for v in bound.values.values()):  # host in, host out
+            outputs = {slot: backend.to_host(v) for slot, v in outputs.items()}
+        return Result({slot: outputs[slot] for slot in self.program.outputs}, records, plan)
+
+
+def _check(node: Node, positions, fetch) -> None:
+    host = [None] * len(node.input_slots)
+    for k in positions:
+        host[k] = fetch(node.input_slots[k])
+    node.atom.check_values(node, host)
+
+
+def _check_dims(program: Program, dims: Mapping[str, int]) -> dict[str, int]:
+    if not isinstance(dims, Mapping):
+        fail("schema", "$.dims", f"dims must be a mapping of symbol to extent, got {type(dims).__name__}")
+    symbols = set(program.symbols)
+    out = {}
+    for name, extent in dims.items():
+        if name not in symbols:
+            fail("binding_keys", f"$.dims.{name}", f"program has no symbol {name!r} (symbols: {sorted(symbols)})")
+        if isinstance(extent, bool) or not isinstance(extent, int) or extent < 1:
+            fail("binding_shape", f"$.dims.{name}", f"extent of {name!r} must be a positive integer, got {extent!r}")
+        out[name] = extent
+    return out

@@ -1,0 +1,52 @@
+"""Types for concrete extents: every slot's shape and dtype once the bindings are known.
+
+Re-running each atom's ``infer`` on resolved operand types checks what load time could not
+(extents of symbolic axes) and binds symbols that only an instruction determines (reshape)."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .atomspec import AtomSpec, InferContext, Node
+from .errors import fail
+from .model import Program
+from .types import TensorType
+
+
+def resolve_nodes(program: Program, specs: Sequence[AtomSpec], binding_types: Mapping[str, TensorType],
+                  dims: Mapping[str, int]) -> tuple[list[Node], dict[str, int], dict[str, TensorType]]:
+    dims = dict(dims)
+    types: dict[str, TensorType] = dict(binding_types)
+    nodes: list[Node] = []
+    for i, (ins, spec) in enumerate(zip(program.instructions, specs)):
+        path = f"$.instructions[{i}]"
+        operands = [types[s] for s in ins.input_slots]
+        ctx = InferContext(spec, path, ins.attributes, operands, ins.input_slots, dims)
+        inferred = spec.infer(ctx)
+        declared = program.slot(ins.output_slot).value_type
+        out = _unify(declared, inferred, dims, ins.output_slot, program.slot_index(ins.output_slot))
+        types[ins.output_slot] = out
+        nodes.append(Node(i, ins.instruction_id, spec, ins.attributes, ins.input_slots, ins.output_slot,
+                          tuple(operands), out, path))
+    return nodes, dims, types
+
+
+def _unify(declared: TensorType, inferred: TensorType, dims: dict[str, int], slot_id: str,
+           slot_index: int) -> TensorType:
+    path = f"$.slots[{slot_index}].value_type"
+    if not inferred.is_static or declared.axes != inferred.axes:
+        fail("type_mismatch", path, f"slot {slot_id!r} is declared {declared} but the instruction "
+                                    f"produces {inferred}")
+    for j, (want, got) in enumerate(zip(declared.sizes, inferred.sizes)):
+        if isinstance(want, str):
+            bound = dims.setdefault(want, got)
+            if bound != got:
+                fail("symbol_conflict", f"{path}.sizes[{j}]",
+                     f"symbol {want!r} is bound to {bound} but slot {slot_id!r} axis "
+                     f"{declared.axes[j]!r} has extent {got}")
+        elif want != got:
+            fail("type_mismatch", f"{path}.sizes[{j}]",
+                 f"slot {slot_id!r} axis {declared.axes[j]!r} is declared {want} but is {got}")
+    if declared.dtype not in ("floating", inferred.dtype):
+        fail("type_mismatch", f"{path}.dtype",
+             f"slot {slot_id!r} is declared {declared.dtype} but is {inferred.dtype}")
+    return inferred.evolve(schema_ref=declared.schema_ref)
