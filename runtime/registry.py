@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
+import json
 import os
 import threading
 from collections.abc import Iterable
+from pathlib import Path
 
 import attrs
 import pluggy
@@ -153,11 +155,13 @@ class Registry:
         fail("unknown_atom", path, f"no plugin registers atom {ref}{hint}")
 
     def _plugin_hint(self, family: str) -> str:
+        hint = ""
+        known = _known_plugin_families().get(family)
+        if known:
+            hint += f" (it is provided by the {known} plugin: pip install {known})"
         if self.problems:
-            names = ", ".join(p.plugin for p in self.problems)
-            return f" (plugins that failed to load: {names})"
-        known = _KNOWN_PLUGIN_FAMILIES.get(family)
-        return f" (it is provided by the {known} plugin: pip install {known})" if known else ""
+            hint += f" (plugins that failed to load: {', '.join(p.plugin for p in self.problems)})"
+        return hint
 
     def backend(self, name: str, path: str = "$.backend"):
         backend = self.backends.get(name)
@@ -170,12 +174,16 @@ class Registry:
         return backend
 
 
-# Atom families that separately installable plugins of this project provide, for hints.
-_KNOWN_PLUGIN_FAMILIES: dict[str, str] = {}
+def _known_plugin_families() -> dict[str, str]:
+    """Atom families (ref before '@') that installable plugins provide, for unknown_atom hints.
 
-
-def known_plugin(family_prefix: str, distribution: str) -> None:
-    _KNOWN_PLUGIN_FAMILIES[family_prefix] = distribution
+    Data, not code: ``runtime/known_plugins.json`` maps a family to a pip distribution."""
+    path = Path(__file__).with_name("known_plugins.json")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _check_spec(spec: object, info: PluginInfo) -> None:
