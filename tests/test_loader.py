@@ -1,0 +1,81 @@
+"""The loader's own promises: every source form, exact round trip, fingerprint, no mutation."""
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+import runtime
+
+SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
+
+
+@pytest.fixture(scope="module")
+def seed_dict():
+    return json.loads(SEED.read_text())
+
+
+def test_seed_loads_from_every_source_form(seed_dict):
+    text = SEED.read_text()
+    for src in (SEED, str(SEED), text, text.encode(), seed_dict):
+        prog = runtime.load_program(src)
+        assert prog.outputs == ("%4",)
+        assert [i.instruction_id for i in prog.instructions] == ["i0", "i1", "i2", "i3", "i4"]
+
+
+def test_round_trip_is_exact(seed_dict):
+    prog = runtime.load_program(seed_dict)
+    assert prog.to_dict() == seed_dict
+    assert json.dumps(prog.to_dict(), indent=2) == json.dumps(seed_dict, indent=2)
+
+
+def test_fingerprint_is_sha256_of_canonical_json(seed_dict):
+    prog = runtime.load_program(seed_dict)
+    canonical = json.dumps(seed_dict, sort_keys=True, separators=(",", ":"))
+    assert prog.fingerprint == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_loading_never_modifies_the_callers_dict(seed_dict):
+    before = copy.deepcopy(seed_dict)
+    prog = runtime.load_program(seed_dict)
+    prog.to_dict()["instructions"][0]["attributes"]["reduce_axes"].append(["x", "y"])
+    assert seed_dict == before
+    assert prog.instructions[0].attributes == before["instructions"][0]["attributes"]
+
+
+@pytest.mark.parametrize("src, code", [
+    ("{not json", "schema"),
+    (b"\xff\xfe", "schema"),
+    ("/no/such/program.json", "schema"),
+    ("[]", "schema"),
+    (42, "schema"),
+    ('{"a": NaN}', "schema"),
+])
+def test_unreadable_sources_are_schema_errors(src, code):
+    with pytest.raises(runtime.FormulaError) as err:
+        runtime.load_program(src)
+    assert err.value.code == code
+    assert err.value.path == "$"
+
+
+def test_versioned_and_digest_references_are_aliases(seed_dict):
+    versioned = copy.deepcopy(seed_dict)
+    for ins in versioned["instructions"]:
+        family = ins["atom_ref"].split("@")[0]
+        ins["atom_ref"] = f"{family}@1"
+    versioned["schema_ref"] = "arti/formula-program@2"
+    a, b = runtime.load_program(seed_dict), runtime.load_program(versioned)
+    assert a.fingerprint != b.fingerprint
+    assert [i.step for i in a.instructions] == [i.step for i in b.instructions]
+
+
+def test_formula_error_pickles_and_names_code_and_path():
+    import pickle
+
+    err = runtime.FormulaError("schema", "$.slots[0]", "bad")
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.code, again.path, again.message) == ("schema", "$.slots[0]", "bad")
+    assert "[schema] $.slots[0]: bad" == str(err)
+    with pytest.raises(ValueError):
+        runtime.FormulaError("no-such-code", "$", "x")
