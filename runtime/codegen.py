@@ -31,12 +31,18 @@ def cache_dir() -> Path:
 
 
 def configure_numba_cache() -> None:
-    """Point Numba's cache at ours unless the user chose one (must precede @njit(cache=True))."""
+    """Point Numba's cache at ours unless the user chose one (must precede @njit(cache=True)).
+
+    Does not import numba: importing ``runtime`` must leave numba's import-time settings
+    (``NUMBA_ENABLE_CUDASIM`` above all) to whoever sets them later."""
     if os.environ.get("NUMBA_CACHE_DIR"):
         return
-    import numba
-
-    numba.config.CACHE_DIR = str(cache_dir() / "numba")
+    path = str(cache_dir() / "numba")
+    config = sys.modules.get("numba.core.config")
+    if config is not None:
+        config.CACHE_DIR = path
+    else:
+        os.environ["NUMBA_CACHE_DIR"] = path
 
 
 def load_generated(source: str, prefix: str = "gen"):
