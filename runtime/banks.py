@@ -1,0 +1,305 @@
+"""Bank operands and bank stores (the built-in ``runtime.banks`` plugin).
+
+A bank value handed to ``run`` is a plain array (its identity is the program's) or a
+:class:`BankOperand` carrying the identity of the asset it came from, which must equal the
+binding's (SPEC §4). A *bank store* resolves every bank binding of a program from one file.
+
+Key layout of a store file (safetensors or npz):
+
+- a binding outside a bundle is the tensor named by its ``partition_id``, else by its binding
+  ``name``;
+- a bundle binding is stacked from one tensor per member, ``<partition_id>/<member_id>``, each
+  of the binding's type without axis ``K``, stacked along ``K`` in ``member_ids`` order (at
+  ``K``'s position in the axes). A single-member bundle whose type has no ``K`` may also be
+  stored as a plain ``<partition_id>`` (or ``name``) tensor;
+- optional metadata — safetensors ``__metadata__``, or an npz entry ``__metadata__`` holding a
+  0-d string array of a JSON object — with string keys ``source_ref`` (the store then serves
+  only bindings of that source) and ``asset_fingerprint`` (the asset the file holds).
+
+Fingerprints: outside a bundle, ``asset_fingerprint`` is the sha256 of the tensor's C-order
+bytes; for a bundle it names the asset the bundle comes from, which for a store is the sha256
+of the whole store file's bytes. The store verifies the bundle fingerprint (hashing the file
+once); ``runtime.bindings.bind_values`` verifies per-tensor fingerprints of every bank value.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .errors import FormulaError, fail
+from .hookspecs import hookimpl
+
+MEMBER_AXIS = "K"
+METADATA_KEY = "__metadata__"
+
+
+def _member_ids(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):  # a lone string would otherwise become a tuple of characters
+        return (value,)
+    return tuple(value)
+
+
+@attrs.frozen(eq=False)
+class BankOperand:
+    """A bank value with the identity of the asset it came from (SPEC §4, §7)."""
+
+    value: Any
+    source_ref: str
+    partition_id: str
+    asset_fingerprint: str | None = None
+    bundle_id: str | None = None
+    member_ids: tuple[str, ...] = attrs.field(default=(), converter=_member_ids)
+
+    def identity(self) -> dict[str, Any]:
+        return {"source_ref": self.source_ref, "partition_id": self.partition_id,
+                "asset_fingerprint": self.asset_fingerprint, "bundle_id": self.bundle_id,
+                "member_ids": self.member_ids}
+
+
+def binding_identity(binding) -> dict[str, Any]:
+    """The identity fields of a bank binding, comparable with ``BankOperand.identity()``."""
+    return {"source_ref": binding.source_ref, "partition_id": binding.partition_id,
+            "asset_fingerprint": binding.asset_fingerprint, "bundle_id": binding.bundle_id,
+            "member_ids": tuple(binding.member_ids)}
+
+
+def tensor_fingerprint(array: np.ndarray) -> str:
+    """sha256 of an array's C-order bytes (copies only if the array is not C-contiguous)."""
+    c = np.ascontiguousarray(array)
+    return hashlib.sha256(c.reshape(-1).view(np.uint8)).hexdigest()
+
+
+def file_fingerprint(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class BankStore:
+    """A file of bank tensors; ``resolve_bank`` turns a bank binding into a BankOperand.
+
+    Subclasses provide ``keys()`` and ``_load(key)``; ``bind_values`` recognises any object
+    with a ``resolve_bank(binding, path, verify=True)`` method as a store."""
+
+    format = "store"
+
+    def __init__(self, path: Path, metadata: dict[str, str]):
+        self.path = path
+        self.metadata = metadata
+        self._file_fingerprint: str | None = None
+
+    def keys(self) -> list[str]:
+        raise NotImplementedError
+
+    def _load(self, key: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {str(self.path)!r}: {len(self.keys())} tensors>"
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the store file, computed once."""
+        if self._file_fingerprint is None:
+            self._file_fingerprint = file_fingerprint(self.path)
+        return self._file_fingerprint
+
+    def resolve_bank(self, binding, path: str, verify: bool = True) -> BankOperand:
+        """The operand for ``binding`` with full identity; ``verify`` also checks a per-tensor
+        fingerprint (``bind_values`` passes False because it verifies every value itself)."""
+        declared = self.metadata.get("source_ref")
+        if declared is not None and declared != binding.source_ref:
+            fail("bank_identity", path,
+                 f"bank store {str(self.path)!r} holds source {declared!r}, but binding "
+                 f"{binding.name!r} expects source {binding.source_ref!r}")
+        asset = self.metadata.get("asset_fingerprint")
+        if asset is not None and binding.asset_fingerprint is not None \
+                and binding.bundle_id is not None and asset != binding.asset_fingerprint:
+            fail("bank_identity", path,
+                 f"bank store {str(self.path)!r} declares asset {asset}, but binding "
+                 f"{binding.name!r} expects asset {binding.asset_fingerprint}")
+        if binding.bundle_id is None:
+            value = self._load(self._find(binding, (binding.partition_id, binding.name), path))
+            if verify and binding.asset_fingerprint is not None:
+                got = tensor_fingerprint(value)
+                if got != binding.asset_fingerprint:
+                    fail("bank_identity", path,
+                         f"tensor for bank {binding.name!r} in {str(self.path)!r} has sha256 "
+                         f"{got}, but the binding's asset_fingerprint is {binding.asset_fingerprint}")
+        else:
+            value = self._bundle_value(binding, path)
+            if binding.asset_fingerprint is not None and self.fingerprint != binding.asset_fingerprint:
+                fail("bank_identity", path,
+                     f"bank store file {str(self.path)!r} has sha256 {self.fingerprint}, but "
+                     f"bundle {binding.bundle_id!r} expects asset {binding.asset_fingerprint}")
+        return BankOperand(value, **binding_identity(binding))
+
+    def _bundle_value(self, binding, path: str) -> np.ndarray:
+        t = binding.value_type
+        keys = set(self.keys())
+        member_keys = [f"{binding.partition_id}/{m}" for m in binding.member_ids]
+        if MEMBER_AXIS not in t.axes and len(member_keys) == 1 and member_keys[0] not in keys:
+            return self._load(self._find(binding, (binding.partition_id, binding.name), path))
+        missing = [k for k in member_keys if k not in keys]
+        if missing:
+            fail("binding_keys", path,
+                 f"bank store {str(self.path)!r} lacks member tensors {missing} of bundle "
+                 f"{binding.bundle_id!r} for bank {binding.name!r}{self._has()}")
+        members = [self._load(k) for k in member_keys]
+        if MEMBER_AXIS not in t.axes:
+            return members[0]
+        shapes = {m.shape for m in members}
+        dtypes = {m.dtype for m in members}
+        if len(shapes) != 1 or len(dtypes) != 1:
+            fail("binding_shape", path,
+                 f"member tensors of bank {binding.name!r} in {str(self.path)!r} differ in "
+                 f"shape or dtype: {[(k, m.shape, str(m.dtype)) for k, m in zip(member_keys, members)]}")
+        axis = t.axes.index(MEMBER_AXIS)
+        if members[0].ndim != t.rank - 1:
+            fail("binding_shape", path,
+                 f"member tensors of bank {binding.name!r} have rank {members[0].ndim}; expected "
+                 f"{t.rank - 1} (the type {t.describe()} without axis {MEMBER_AXIS})")
+        return np.stack(members, axis=axis)
+
+    def _find(self, binding, candidates, path: str) -> str:
+        keys = set(self.keys())
+        for key in candidates:
+            if key in keys:
+                return key
+        fail("binding_keys", path,
+             f"bank store {str(self.path)!r} has no tensor for bank {binding.name!r} "
+             f"(looked for {list(dict.fromkeys(candidates))}){self._has()}")
+
+    def _has(self) -> str:
+        keys = sorted(k for k in self.keys() if k != METADATA_KEY)
+        shown = ", ".join(keys[:12]) + (", …" if len(keys) > 12 else "")
+        return f"; it has: {shown or 'no tensors'}"
+
+
+class SafetensorsStore(BankStore):
+    """A ``.safetensors`` file read lazily with ``safe_open(framework='numpy')`` (no torch)."""
+
+    format = "safetensors"
+
+    def __init__(self, path: Path):
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                self._keys = list(f.keys())
+                metadata = dict(f.metadata() or {})
+        except Exception as exc:  # safetensors raises its own error types for bad headers
+            fail("bank_store", "$.banks",
+                 f"cannot read safetensors file {str(path)!r}: {type(exc).__name__}: {exc}")
+        super().__init__(path, metadata)
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def _load(self, key: str) -> np.ndarray:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(self.path), framework="numpy") as f:
+                return f.get_tensor(key)
+        except Exception as exc:
+            fail("bank_store", "$.banks",
+                 f"cannot read tensor {key!r} from {str(self.path)!r}: {type(exc).__name__}: {exc}")
+
+
+class NpzStore(BankStore):
+    """A ``.npz`` archive read with ``np.load(allow_pickle=False)``."""
+
+    format = "npz"
+
+    def __init__(self, path: Path):
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                self._keys = list(z.files)
+                raw = z[METADATA_KEY] if METADATA_KEY in z.files else None
+        except Exception as exc:
+            fail("bank_store", "$.banks",
+                 f"cannot read npz file {str(path)!r}: {type(exc).__name__}: {exc}")
+        super().__init__(path, _npz_metadata(raw, path))
+
+    def keys(self) -> list[str]:
+        return [k for k in self._keys if k != METADATA_KEY]
+
+    def _load(self, key: str) -> np.ndarray:
+        try:
+            with np.load(self.path, allow_pickle=False) as z:
+                return z[key]
+        except Exception as exc:
+            fail("bank_store", "$.banks",
+                 f"cannot read array {key!r} from {str(self.path)!r}: {type(exc).__name__}: {exc}")
+
+
+def _npz_metadata(raw, path: Path) -> dict[str, str]:
+    if raw is None:
+        return {}
+    try:
+        data = json.loads(str(raw[()]))
+    except (ValueError, TypeError, IndexError) as exc:
+        fail("bank_store", "$.banks",
+             f"{METADATA_KEY} in {str(path)!r} must be a 0-d string array holding a JSON object: {exc}")
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        fail("bank_store", "$.banks",
+             f"{METADATA_KEY} in {str(path)!r} must be a JSON object of strings, got {data!r}")
+    return data
+
+
+def _suffix_opener(suffix: str, cls):
+    def opener(location):
+        if not isinstance(location, (str, os.PathLike)):
+            return None
+        path = Path(location)
+        if path.suffix.lower() != suffix:
+            return None
+        if not path.is_file():
+            fail("bank_store", "$.banks", f"bank store file {str(path)!r} does not exist")
+        return cls(path)
+
+    opener.__name__ = f"open_{suffix[1:]}"
+    opener.__doc__ = f"Open ``*{suffix}`` files as {cls.__name__}."
+    return opener
+
+
+open_safetensors = _suffix_opener(".safetensors", SafetensorsStore)
+open_npz = _suffix_opener(".npz", NpzStore)
+
+
+@hookimpl
+def formula_register_bank_stores(register):
+    register(open_safetensors)
+    register(open_npz)
+
+
+def open_bank_store(location, registry=None):
+    """The store of the first registered opener that understands ``location``."""
+    if registry is None:
+        from .registry import default_registry
+
+        registry = default_registry()
+    for info, opener in registry.bank_openers:
+        try:
+            store = opener(location)
+        except FormulaError:
+            raise
+        except Exception as exc:  # a third-party opener must not leak its own exception types
+            raise FormulaError("bank_store", "$.banks",
+                               f"bank store opener {getattr(opener, '__name__', opener)!r} of plugin "
+                               f"{info.describe()} failed on {location!r}: {type(exc).__name__}: {exc}") from exc
+        if store is not None:
+            return store
+    names = ", ".join(f"{getattr(o, '__name__', o)} ({i.name})" for i, o in registry.bank_openers)
+    fail("bank_store", "$.banks",
+         f"no registered bank store opener understands {location!r} (openers: {names or 'none'}; "
+         f"built-in formats: .safetensors, .npz)")
