@@ -1,0 +1,1 @@
+"""Benchmarks of formula-runtime against NumPy, ONNX Runtime and PyTorch (see README.md)."""
