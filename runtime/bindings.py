@@ -1,0 +1,259 @@
+"""Run-time binding checks (SPEC §4): the values a run gets, checked before anything runs.
+
+``bind_values`` turns the caller's ``inputs`` and ``banks`` into host arrays keyed by binding
+name, with the extent of every size symbol. It never modifies a caller array and copies only
+for a conversion: a Python number for a 0-d binding, a non-native byte order, a bundle stacked
+by a store. Choices the SPEC leaves open:
+
+- a list, tuple or other non-array object is ``binding_dtype`` (it has no dtype; the message
+  says to pass ``np.asarray(value, dtype=...)``); a Python number for a binding of rank > 0 is
+  ``binding_shape``;
+- a Python number for a 0-d ``floating`` binding takes the float dtype of the other
+  ``floating`` values of the run if they agree on one, else float64;
+- ``banks`` may be a Mapping or a bank store (any object with ``resolve_bank``, see
+  ``runtime.banks``), which then resolves every bank binding.
+"""
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .banks import BankOperand, binding_identity, tensor_fingerprint
+from .errors import FormulaError, fail
+from .types import FLOAT_DTYPES, formula_dtype, numpy_dtype
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+@attrs.frozen
+class BoundValues:
+    """Checked host arrays by binding name, the extent of each symbol, and their total bytes."""
+
+    values: dict[str, np.ndarray]
+    dims: dict[str, int]
+    binding_bytes: int
+
+
+def bind_values(program, inputs: Mapping[str, Any] | None, banks: Any) -> BoundValues:
+    """Check ``inputs``/``banks`` against the program's bindings (every SPEC §4 rule)."""
+    inputs = _mapping(inputs, "$.inputs", "inputs")
+    store = banks if _is_store(banks) else None
+    bank_map = {} if store is not None else _mapping(banks, "$.banks", "banks")
+    _check_keys(program, inputs, program.input_bindings, "$.inputs", "input")
+    if store is None:
+        _check_keys(program, bank_map, program.bank_bindings, "$.banks", "bank")
+
+    symbols = _Symbols()
+    values: dict[str, np.ndarray] = {}
+    deferred: list[tuple[Any, Any, str]] = []  # Python numbers for 0-d 'floating' bindings
+    for b in program.bindings:
+        path = f"$.{'inputs' if b.kind == 'input' else 'banks'}.{b.name}"
+        if b.kind == "input":
+            raw = inputs[b.name]
+            if isinstance(raw, BankOperand):
+                fail("binding_dtype", path,
+                     f"input {b.name!r} got a BankOperand; operands are for bank bindings, "
+                     f"pass the array itself")
+        else:
+            raw = _resolve(store, b, path) if store is not None else bank_map[b.name]
+            raw = _unwrap_operand(b, raw, path)
+        if _is_number(raw) and b.value_type.dtype == "floating" and b.value_type.rank == 0:
+            deferred.append((b, raw, path))
+            continue
+        values[b.name] = _check_value(b, raw, path, symbols)
+
+    if deferred:
+        seen = {values[b.name].dtype for b in program.bindings
+                if b.value_type.dtype == "floating" and b.name in values}
+        dtype = seen.pop() if len(seen) == 1 else np.dtype(np.float64)
+        for b, raw, path in deferred:
+            values[b.name] = _check_value(b, _number(b, raw, path, dtype), path, symbols)
+    ordered = {b.name: values[b.name] for b in program.bindings}
+    return BoundValues(ordered, dict(symbols.dims), sum(a.nbytes for a in ordered.values()))
+
+
+# --- arguments ---------------------------------------------------------------------------
+def _mapping(value: Any, path: str, what: str) -> Mapping:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        fail("schema", path, f"{what} must be a mapping of binding name to value, "
+                             f"got {type(value).__name__}")
+    return value
+
+
+def _is_store(banks: Any) -> bool:
+    return banks is not None and not isinstance(banks, Mapping) and \
+        callable(getattr(banks, "resolve_bank", None))
+
+
+def _check_keys(program, given: Mapping, expected, path: str, kind: str) -> None:
+    names = [b.name for b in expected]
+    missing = [n for n in names if n not in given]
+    extra = [k for k in given if k not in names]
+    if not missing and not extra:
+        return
+    parts = []
+    if missing:
+        parts.append(f"missing {kind} bindings {missing}")
+    if extra:
+        other = "banks" if kind == "input" else "inputs"
+        moved = [k for k in extra if any(b.name == k and b.kind != kind for b in program.bindings)]
+        hint = f" ({', '.join(map(repr, moved))}: pass in {other})" if moved else ""
+        parts.append(f"unexpected names {extra}{hint}")
+    fail("binding_keys", path,
+         f"{' and '.join(parts)}; the program's {kind} bindings are {names}")
+
+
+def _resolve(store, binding, path: str):
+    try:
+        return store.resolve_bank(binding, path, verify=False)
+    except FormulaError:
+        raise
+    except Exception as exc:  # a third-party store must not leak its own exception types
+        raise FormulaError("bank_store", path,
+                           f"bank store {store!r} failed to resolve bank {binding.name!r}: "
+                           f"{type(exc).__name__}: {exc}") from exc
+
+
+def _unwrap_operand(binding, raw: Any, path: str) -> Any:
+    if not isinstance(raw, BankOperand):
+        return raw  # a plain value: its identity is the program's
+    want = binding_identity(binding)
+    got = raw.identity()
+    for field in ("source_ref", "partition_id", "bundle_id", "member_ids", "asset_fingerprint"):
+        if got[field] != want[field]:
+            fail("bank_identity", path,
+                 f"bank {binding.name!r}: operand {field} {_show(got[field])} differs from "
+                 f"the binding's {_show(want[field])}")
+    return raw.value
+
+
+def _show(v: Any) -> str:
+    return repr(list(v)) if isinstance(v, tuple) else repr(v)
+
+
+# --- values ------------------------------------------------------------------------------
+def _is_number(raw: Any) -> bool:
+    return isinstance(raw, (bool, numbers.Real)) and not isinstance(raw, (np.generic, np.ndarray))
+
+
+def _check_value(binding, raw: Any, path: str, symbols: "_Symbols") -> np.ndarray:
+    t = binding.value_type
+    a = _as_array(binding, raw, path)
+    if a.ndim != t.rank:
+        fail("binding_shape", path,
+             f"{binding.name!r} has rank {a.ndim} (shape {a.shape}); expected rank {t.rank}: "
+             f"{t.describe()}")
+    for axis, size, extent in zip(t.axes, t.sizes, a.shape):
+        if extent == 0:
+            fail("binding_shape", path, f"axis {axis} of {binding.name!r} is empty (shape {a.shape})")
+        if isinstance(size, int) and extent != size:
+            fail("binding_shape", path,
+                 f"axis {axis} of {binding.name!r} has extent {extent}; expected {size} "
+                 f"(shape {a.shape}, type {t.describe()})")
+        if isinstance(size, str):
+            symbols.bind(size, extent, f"{path} axis {axis}", path)
+    got = formula_dtype(a.dtype)
+    ok = got in FLOAT_DTYPES if t.dtype == "floating" else got == t.dtype
+    if not ok:
+        want = "any float dtype (float16, bfloat16, float32, float64)" if t.dtype == "floating" \
+            else t.dtype
+        fail("binding_dtype", path,
+             f"{binding.name!r} has dtype {a.dtype}; expected {want} (values are never cast "
+             f"implicitly)")
+    if not a.dtype.isnative:  # kernels read native byte order; converting keeps every value
+        a = a.astype(a.dtype.newbyteorder("="))
+    if got in FLOAT_DTYPES and not _all_finite(a):
+        bad = ~_isfinite(a)
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        fail("nonfinite", path,
+             f"{binding.name!r} holds {a[index].item()!r} at index {list(index)} "
+             f"({int(bad.sum())} non-finite values); floating values must be finite")
+    if binding.kind == "bank" and binding.bundle_id is None and binding.asset_fingerprint is not None:
+        digest = tensor_fingerprint(a)
+        if digest != binding.asset_fingerprint:
+            fail("bank_identity", path,
+                 f"bank {binding.name!r}: sha256 of the value's C-order bytes is {digest}, but "
+                 f"the binding's asset_fingerprint is {binding.asset_fingerprint}")
+    return a
+
+
+def _as_array(binding, raw: Any, path: str) -> np.ndarray:
+    if isinstance(raw, np.ma.MaskedArray):
+        fail("binding_dtype", path,
+             f"{binding.name!r} is a masked array; pass plain values (e.g. .filled(...))")
+    if isinstance(raw, np.ndarray):
+        return raw if type(raw) is np.ndarray else raw.view(np.ndarray)
+    if isinstance(raw, np.generic):
+        return np.asarray(raw)
+    if _is_number(raw):
+        t = binding.value_type
+        if t.rank != 0:
+            fail("binding_shape", path,
+                 f"{binding.name!r} got the number {raw!r}; expected an array of rank {t.rank}: "
+                 f"{t.describe()}")
+        return _number(binding, raw, path, numpy_dtype(t.dtype))
+    fail("binding_dtype", path,
+         f"{binding.name!r} got a {type(raw).__name__}; expected a NumPy array of "
+         f"{binding.value_type.describe()} (use np.asarray(value, dtype=...))")
+
+
+def _number(binding, raw: Any, path: str, dtype: np.dtype) -> np.ndarray:
+    """A Python number as a 0-d array of the declared dtype, refusing lossy conversions."""
+    name = formula_dtype(dtype)
+    kind = "bool" if isinstance(raw, bool) else "int" if isinstance(raw, numbers.Integral) else "float"
+    allowed = {"boolean": ("bool",), "int64": ("int",)}.get(name, ("int", "float"))
+    if kind not in allowed:
+        fail("binding_dtype", path,
+             f"{binding.name!r} got the {kind} {raw!r}; a {name} binding takes "
+             f"{' or '.join(allowed)} numbers")
+    if name == "int64" and not INT64_MIN <= int(raw) <= INT64_MAX:
+        fail("binding_dtype", path, f"{binding.name!r}: {raw!r} does not fit int64")
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            a = np.array(raw, dtype=dtype)
+    except OverflowError:
+        fail("nonfinite", path, f"{binding.name!r}: {raw!r} overflows {name}")
+    if kind != "bool" and name != "int64" and np.isfinite(float(raw)) and not np.isfinite(a):
+        fail("nonfinite", path, f"{binding.name!r}: {raw!r} overflows {name} (becomes {float(a)})")
+    return a
+
+
+def _isfinite(a: np.ndarray) -> np.ndarray:
+    try:
+        return np.isfinite(a)
+    except TypeError:  # an extension float type without an isfinite loop
+        return np.isfinite(a.astype(np.float32))
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    """One pass: a finite sum proves every element finite (NaN and ±inf propagate); only an
+    overflowing sum or an exotic dtype falls back to an elementwise check."""
+    if a.dtype in (np.float32, np.float64, np.float16):
+        acc = np.float32 if a.dtype == np.float16 else a.dtype
+        with np.errstate(all="ignore"):
+            if np.isfinite(np.add.reduce(a, axis=None, dtype=acc)):
+                return True
+    return bool(_isfinite(a).all())
+
+
+@attrs.define
+class _Symbols:
+    """Extents of size symbols, with where each was first bound (for symbol_conflict)."""
+
+    dims: dict[str, int] = attrs.Factory(dict)
+    where: dict[str, str] = attrs.Factory(dict)
+
+    def bind(self, symbol: str, extent: int, where: str, path: str) -> None:
+        known = self.dims.get(symbol)
+        if known is None:
+            self.dims[symbol] = extent
+            self.where[symbol] = where
+        elif known != extent:
+            fail("symbol_conflict", path,
+                 f"symbol {symbol!r} is {known} at {self.where[symbol]} but {extent} at {where}")

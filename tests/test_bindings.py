@@ -1,0 +1,254 @@
+"""SPEC §4: every run-time binding rule, with its error code and JSON path."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from runtime import FormulaError, loader
+from runtime.banks import BankOperand
+from runtime.bindings import bind_values
+from runtime.testing import ProgramBuilder
+
+SRC = "arti/formula-operand-bank@1"
+
+
+def program(build):
+    """A program holding only bindings: bind_values needs the model, not the atoms."""
+    b = ProgramBuilder()
+    build(b)
+    return loader.program(b.build(outputs=[]))
+
+
+@pytest.fixture
+def prog():
+    def build(b):
+        b.input("x", {"B": "B", "D": 4})
+        b.input("gain", {})
+        b.input("idx", {"B": "B"}, dtype="int64")
+        b.input("mask", {"D": 4}, dtype="boolean")
+        b.input("any", {"S": "S"}, dtype="floating")
+        b.bank("w", {"D": 4, "E": 3}, partition_id="W")
+    return program(build)
+
+
+def good(prog, rng=np.random.default_rng(0)):
+    inputs = {"x": rng.standard_normal((2, 4)).astype(np.float32), "gain": np.float32(0.5),
+              "idx": np.array([0, 1]), "mask": np.ones(4, bool),
+              "any": np.zeros(5, np.float16)}
+    return inputs, {"w": rng.standard_normal((4, 3)).astype(np.float32)}
+
+
+def raises(code, path, fn, *args, match=None):
+    with pytest.raises(FormulaError) as info:
+        fn(*args)
+    assert info.value.code == code, info.value
+    assert info.value.path == path, info.value
+    if match:
+        assert match in info.value.message, info.value.message
+    return info.value
+
+
+def test_valid_binding_keeps_arrays_and_dims(prog):
+    inputs, banks = good(prog)
+    bound = bind_values(prog, inputs, banks)
+    assert bound.values["x"] is inputs["x"] and bound.values["w"] is banks["w"]
+    assert bound.dims == {"B": 2, "S": 5}
+    assert list(bound.values) == ["x", "gain", "idx", "mask", "any", "w"]
+    assert bound.binding_bytes == sum(np.asarray(v).nbytes for v in [*inputs.values(), *banks.values()])
+
+
+def test_fortran_strided_readonly_arrays_are_accepted_uncopied(prog):
+    inputs, banks = good(prog)
+    inputs["x"] = np.asfortranarray(inputs["x"])
+    big = np.zeros((8, 6), np.float32)
+    banks["w"] = big[::2, ::2]
+    banks["w"].flags.writeable = False
+    bound = bind_values(prog, inputs, banks)
+    assert bound.values["x"] is inputs["x"] and bound.values["w"] is banks["w"]
+
+
+def test_missing_and_extra_keys_name_them(prog):
+    inputs, banks = good(prog)
+    del inputs["x"]
+    inputs["w"] = banks["w"]
+    err = raises("binding_keys", "$.inputs", bind_values, prog, inputs, banks)
+    assert "['x']" in err.message and "'w'" in err.message and "pass in banks" in err.message
+    inputs, banks = good(prog)
+    raises("binding_keys", "$.banks", bind_values, prog, inputs, {}, match="['w']")
+    raises("binding_keys", "$.banks", bind_values, prog, inputs, None)
+    raises("binding_keys", "$.banks", bind_values, prog, inputs, {**banks, "v": 1}, match="'v'")
+
+
+def test_non_mapping_arguments_are_schema_errors(prog):
+    inputs, banks = good(prog)
+    raises("schema", "$.inputs", bind_values, prog, [1, 2], banks)
+    raises("schema", "$.banks", bind_values, prog, inputs, 3)
+
+
+def test_rank_extent_and_empty_axis(prog):
+    inputs, banks = good(prog)
+    raises("binding_shape", "$.inputs.x", bind_values, prog, {**inputs, "x": np.zeros((2, 4, 1), np.float32)},
+           banks, match="rank 3")
+    raises("binding_shape", "$.inputs.x", bind_values, prog, {**inputs, "x": np.zeros((2, 5), np.float32)},
+           banks, match="axis D")
+    raises("binding_shape", "$.inputs.x", bind_values, prog, {**inputs, "x": np.zeros((0, 4), np.float32)},
+           {**banks}, match="empty")
+    raises("binding_shape", "$.banks.w", bind_values, prog, inputs, {"w": np.zeros((3, 4), np.float32)})
+
+
+def test_dtype_is_exact_and_floating_takes_any_float(prog):
+    inputs, banks = good(prog)
+    raises("binding_dtype", "$.inputs.x", bind_values, prog, {**inputs, "x": inputs["x"].astype(np.float64)},
+           banks, match="float64")
+    raises("binding_dtype", "$.inputs.idx", bind_values, prog, {**inputs, "idx": np.array([0, 1], np.int32)},
+           banks)
+    raises("binding_dtype", "$.inputs.mask", bind_values, prog, {**inputs, "mask": np.ones(4, np.uint8)}, banks)
+    raises("binding_dtype", "$.inputs.any", bind_values, prog, {**inputs, "any": np.zeros(5, np.int64)}, banks)
+    raises("binding_dtype", "$.inputs.any", bind_values, prog, {**inputs, "any": np.array(["a"] * 5)}, banks)
+    for dt in (np.float32, np.float64):
+        assert bind_values(prog, {**inputs, "any": np.zeros(5, dt)}, banks).values["any"].dtype == dt
+
+
+def test_lists_and_objects_are_binding_dtype(prog):
+    inputs, banks = good(prog)
+    raises("binding_dtype", "$.inputs.x", bind_values, prog, {**inputs, "x": [[0.0] * 4] * 2}, banks,
+           match="list")
+    raises("binding_dtype", "$.banks.w", bind_values, prog, inputs, {"w": object()})
+    raises("binding_dtype", "$.inputs.x", bind_values, prog,
+           {**inputs, "x": np.ma.masked_array(inputs["x"])}, banks, match="masked")
+
+
+def test_python_numbers_for_0d_bindings(prog):
+    inputs, banks = good(prog)
+    bound = bind_values(prog, {**inputs, "gain": 2}, banks)
+    assert bound.values["gain"].dtype == np.float32 and bound.values["gain"].shape == ()
+    assert float(bound.values["gain"]) == 2.0
+    raises("binding_dtype", "$.inputs.gain", bind_values, prog, {**inputs, "gain": True}, banks)
+    raises("nonfinite", "$.inputs.gain", bind_values, prog, {**inputs, "gain": float("nan")}, banks)
+    raises("binding_shape", "$.inputs.x", bind_values, prog, {**inputs, "x": 1.0}, banks, match="rank 2")
+
+
+def test_python_numbers_for_int_bool_and_floating_scalars():
+    p = program(lambda b: (b.input("n", {}, dtype="int64"), b.input("flag", {}, dtype="boolean"),
+                           b.input("f", {}, dtype="floating"), b.input("v", {"D": 2}, dtype="floating")))
+    v = np.zeros(2, np.float16)
+    bound = bind_values(p, {"n": 3, "flag": True, "f": 0.25, "v": v}, None)
+    assert bound.values["n"].dtype == np.int64 and bound.values["flag"].dtype == np.bool_
+    assert bound.values["f"].dtype == np.float16  # follows the other 'floating' values
+    raises("binding_dtype", "$.inputs.n", bind_values, p, {"n": 1.5, "flag": True, "f": 1.0, "v": v}, None)
+    raises("binding_dtype", "$.inputs.n", bind_values, p, {"n": 2**63, "flag": True, "f": 1.0, "v": v}, None)
+    raises("binding_dtype", "$.inputs.flag", bind_values, p, {"n": 1, "flag": 1, "f": 1.0, "v": v}, None)
+    raises("nonfinite", "$.inputs.f", bind_values, p, {"n": 1, "flag": True, "f": 1e6, "v": v}, None,
+           match="1000000.0")
+
+
+def test_nonfinite_values_are_located(prog):
+    inputs, banks = good(prog)
+    x = inputs["x"].copy()
+    x[1, 2] = np.inf
+    err = raises("nonfinite", "$.inputs.x", bind_values, prog, {**inputs, "x": x}, banks)
+    assert "[1, 2]" in err.message and "inf" in err.message
+    w = banks["w"].copy()
+    w[0, 0] = np.nan
+    raises("nonfinite", "$.banks.w", bind_values, prog, inputs, {"w": w}, match="nan")
+    raises("nonfinite", "$.inputs.any", bind_values, prog,
+           {**inputs, "any": np.array([1, 2, 3, 4, -np.inf], np.float16)}, banks)
+
+
+def test_huge_finite_values_whose_sum_overflows_are_finite(prog):
+    inputs, banks = good(prog)
+    x = np.full((2, 4), 3e38, np.float32)
+    any16 = np.full(5, 60000, np.float16)
+    bind_values(prog, {**inputs, "x": x, "any": any16}, banks)
+
+
+def test_symbol_conflict_names_both_places(prog):
+    inputs, banks = good(prog)
+    err = raises("symbol_conflict", "$.inputs.idx", bind_values, prog, {**inputs, "idx": np.arange(3)}, banks)
+    assert "$.inputs.x axis B" in err.message and "$.inputs.idx axis B" in err.message
+
+
+def test_big_endian_is_converted_not_refused(prog):
+    inputs, banks = good(prog)
+    be = inputs["x"].astype(">f4")
+    bound = bind_values(prog, {**inputs, "x": be}, banks)
+    assert bound.values["x"].dtype.isnative and np.array_equal(bound.values["x"], inputs["x"])
+
+
+def test_caller_arrays_are_not_modified(prog):
+    inputs, banks = good(prog)
+    before = {k: np.array(v, copy=True) for k, v in inputs.items()}
+    bind_values(prog, inputs, banks)
+    for k, v in before.items():
+        assert np.array_equal(inputs[k], v)
+
+
+# --- bank operands -----------------------------------------------------------------------
+def fingerprint(a):
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def bank_program(**bank):
+    return program(lambda b: b.bank("w", {"D": 4, "E": 3}, **bank))
+
+
+def test_bank_operand_identity_must_match():
+    w = np.ones((4, 3), np.float32)
+    p = bank_program(partition_id="W")
+    assert bind_values(p, None, {"w": BankOperand(w, source_ref=SRC, partition_id="W")}).values["w"] is w
+    raises("bank_identity", "$.banks.w", bind_values, p, None,
+           {"w": BankOperand(w, source_ref="arti/other@1", partition_id="W")}, match="source_ref")
+    raises("bank_identity", "$.banks.w", bind_values, p, None,
+           {"w": BankOperand(w, source_ref=SRC, partition_id="V")}, match="partition_id")
+    raises("bank_identity", "$.banks.w", bind_values, p, None,
+           {"w": BankOperand(w, source_ref=SRC, partition_id="W", bundle_id="b", member_ids=["m"])},
+           match="bundle_id")
+    raises("bank_identity", "$.banks.w", bind_values, p, None,
+           {"w": BankOperand(w, source_ref=SRC, partition_id="W", asset_fingerprint="0" * 64)},
+           match="asset_fingerprint")
+
+
+def test_bundle_operand_members_and_fingerprint_must_match():
+    w = np.ones((4, 3), np.float32)
+    p = bank_program(bundle_id="lora", member_ids=["m0"], asset_fingerprint="a" * 64)
+    ok = BankOperand(w, source_ref=SRC, partition_id="w", bundle_id="lora", member_ids=["m0"],
+                     asset_fingerprint="a" * 64)
+    assert bind_values(p, None, {"w": ok}).values["w"] is w  # bundle assets are the store's to check
+    raises("bank_identity", "$.banks.w", bind_values, p, None,
+           {"w": BankOperand(w, source_ref=SRC, partition_id="w", bundle_id="lora", member_ids=["m1"],
+                             asset_fingerprint="a" * 64)}, match="member_ids")
+
+
+def test_asset_fingerprint_is_verified_for_plain_arrays_and_operands():
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    p = bank_program(asset_fingerprint=fingerprint(w))
+    bind_values(p, None, {"w": w})
+    bind_values(p, None, {"w": np.asfortranarray(w)})  # C-order bytes, whatever the layout
+    bind_values(p, None, {"w": BankOperand(w, source_ref=SRC, partition_id="w",
+                                           asset_fingerprint=fingerprint(w))})
+    err = raises("bank_identity", "$.banks.w", bind_values, p, None, {"w": w + 1})
+    assert fingerprint(w) in err.message
+
+
+def test_input_given_an_operand_is_refused(prog):
+    inputs, banks = good(prog)
+    op = BankOperand(inputs["x"], source_ref=SRC, partition_id="x")
+    raises("binding_dtype", "$.inputs.x", bind_values, prog, {**inputs, "x": op}, banks)
+
+
+def test_store_object_resolves_banks_and_foreign_errors_are_wrapped(prog):
+    inputs, banks = good(prog)
+
+    class Store:
+        def resolve_bank(self, binding, path, verify=True):
+            return BankOperand(banks[binding.name], source_ref=binding.source_ref,
+                               partition_id=binding.partition_id)
+
+    class Broken:
+        def resolve_bank(self, binding, path, verify=True):
+            raise KeyError(binding.name)
+
+    assert bind_values(prog, inputs, Store()).values["w"] is banks["w"]
+    raises("bank_store", "$.banks.w", bind_values, prog, inputs, Broken(), match="KeyError")
