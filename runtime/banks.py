@@ -99,7 +99,7 @@ class BankStore:
     def keys(self) -> list[str]:
         raise NotImplementedError
 
-    def _load(self, key: str) -> np.ndarray:
+    def _load(self, key: str, path: str = "$.banks") -> np.ndarray:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -127,7 +127,7 @@ class BankStore:
                  f"bank store {str(self.path)!r} declares asset {asset}, but binding "
                  f"{binding.name!r} expects asset {binding.asset_fingerprint}")
         if binding.bundle_id is None:
-            value = self._load(self._find(binding, (binding.partition_id, binding.name), path))
+            value = self._load(self._find(binding, (binding.partition_id, binding.name), path), path)
             if verify and binding.asset_fingerprint is not None:
                 got = tensor_fingerprint(value)
                 if got != binding.asset_fingerprint:
@@ -147,13 +147,13 @@ class BankStore:
         keys = set(self.keys())
         member_keys = [f"{binding.partition_id}/{m}" for m in binding.member_ids]
         if MEMBER_AXIS not in t.axes and len(member_keys) == 1 and member_keys[0] not in keys:
-            return self._load(self._find(binding, (binding.partition_id, binding.name), path))
+            return self._load(self._find(binding, (binding.partition_id, binding.name), path), path)
         missing = [k for k in member_keys if k not in keys]
         if missing:
             fail("binding_keys", path,
                  f"bank store {str(self.path)!r} lacks member tensors {missing} of bundle "
                  f"{binding.bundle_id!r} for bank {binding.name!r}{self._has()}")
-        members = [self._load(k) for k in member_keys]
+        members = [self._load(k, path) for k in member_keys]
         if MEMBER_AXIS not in t.axes:
             return members[0]
         shapes = {m.shape for m in members}
@@ -204,14 +204,14 @@ class SafetensorsStore(BankStore):
     def keys(self) -> list[str]:
         return list(self._keys)
 
-    def _load(self, key: str) -> np.ndarray:
+    def _load(self, key: str, path: str = "$.banks") -> np.ndarray:
         from safetensors import safe_open
 
         try:
             with safe_open(str(self.path), framework="numpy") as f:
                 return f.get_tensor(key)
         except Exception as exc:
-            fail("bank_store", "$.banks",
+            fail("bank_store", path,
                  f"cannot read tensor {key!r} from {str(self.path)!r}: {type(exc).__name__}: {exc}")
 
 
@@ -233,12 +233,12 @@ class NpzStore(BankStore):
     def keys(self) -> list[str]:
         return [k for k in self._keys if k != METADATA_KEY]
 
-    def _load(self, key: str) -> np.ndarray:
+    def _load(self, key: str, path: str = "$.banks") -> np.ndarray:
         try:
             with np.load(self.path, allow_pickle=False) as z:
                 return z[key]
         except Exception as exc:
-            fail("bank_store", "$.banks",
+            fail("bank_store", path,
                  f"cannot read array {key!r} from {str(self.path)!r}: {type(exc).__name__}: {exc}")
 
 
@@ -267,7 +267,7 @@ def _suffix_opener(suffix: str, cls):
             fail("bank_store", "$.banks", f"bank store file {str(path)!r} does not exist")
         return cls(path)
 
-    opener.__name__ = f"open_{suffix[1:]}"
+    opener.__name__ = opener.__qualname__ = f"open_{suffix[1:]}"
     opener.__doc__ = f"Open ``*{suffix}`` files as {cls.__name__}."
     return opener
 
