@@ -1,0 +1,174 @@
+"""The ``formula`` console script, driven through ``main([...])``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from runtime import FormulaError, loader
+from runtime.cli import main, random_values, read_arrays, summary
+from runtime.testing import ProgramBuilder
+
+SEED = str(Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json")
+DIMS = ["--dim", "B=1", "--dim", "S=2"]
+
+
+def seed_values(seed=0):
+    rng = np.random.default_rng(seed)
+    inputs = {"base": rng.standard_normal((1, 2, 1024)).astype(np.float32),
+              "x": rng.standard_normal((1, 2, 1024)).astype(np.float32),
+              "lora.gain": np.float32(0.75)}
+    banks = {"A": (rng.standard_normal((32, 1024)) / 32).astype(np.float32),
+             "B": (rng.standard_normal((1024, 32)) / 8).astype(np.float32)}
+    return inputs, banks
+
+
+def seed_expected(inputs, banks):
+    x, a, b = (v.astype(np.float64) for v in (inputs["x"], banks["A"], banks["B"]))
+    h = x @ a.T
+    return inputs["base"] + float(inputs["lora.gain"]) * ((h / (1 + np.exp(-h))) @ b.T)
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert "formula-runtime" in capsys.readouterr().out
+
+
+def test_usage_errors_exit_2_without_traceback(capsys):
+    assert main(["run", SEED, "--dim", "B"]) == 2
+    err = capsys.readouterr().err
+    assert "SYMBOL=EXTENT" in err and "Traceback" not in err
+    assert main(["plan", SEED, "--dim", "B=0"]) == 2
+    assert main([]) == 2
+
+
+def test_validate_prints_summary(capsys):
+    from runtime import load_program
+
+    assert main(["validate", SEED]) == 0
+    out = capsys.readouterr().out
+    assert load_program(SEED).fingerprint in out
+    assert "symbols       B, S" in out and "bundle lora members ['member-000']" in out
+    assert "instructions  4" in out and "outputs       %4: float32[B=B, S=S, Dout=1024]" in out
+
+
+def test_validate_errors_exit_1_with_code_and_path(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["validate", str(bad)]) == 1
+    assert capsys.readouterr().err.startswith("error [schema] $:")
+    doc = json.loads(Path(SEED).read_text())
+    doc["instructions"][0]["atom_ref"] = "arti/formula-atom-nope@1"
+    bad.write_text(json.dumps(doc))
+    assert main(["validate", str(bad)]) == 1
+    assert capsys.readouterr().err.startswith("error [unknown_atom] $.instructions[0].atom_ref:")
+    assert main(["validate", str(tmp_path / "missing.json")]) == 1
+    assert "error [schema]" in capsys.readouterr().err
+
+
+def test_run_random(capsys):
+    assert main(["run", SEED, "--random", *DIMS, "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "%4  float32[1, 2, 1024]  min" in out and "time" in out
+
+
+@pytest.mark.parametrize("fmt", ["npz", "safetensors"])
+def test_run_with_files_matches_numpy(tmp_path, capsys, fmt):
+    inputs, banks = seed_values()
+    np.savez(tmp_path / "in.npz", **inputs)
+    store = {"A/member-000": banks["A"], "B/member-000": banks["B"]}
+    bank_file = tmp_path / f"banks.{fmt}"
+    if fmt == "npz":
+        np.savez(bank_file, **store)
+    else:
+        save_file(store, str(bank_file))
+    out = tmp_path / "out.npz"
+    assert main(["run", SEED, "--inputs", str(tmp_path / "in.npz"), "--banks", str(bank_file),
+                 "--out", str(out)]) == 0, capsys.readouterr().err
+    with np.load(out) as z:
+        np.testing.assert_allclose(z["%4"], seed_expected(inputs, banks), rtol=2e-4, atol=2e-5)
+
+
+def test_run_random_fills_only_what_files_do_not_give(tmp_path, capsys):
+    inputs, banks = seed_values()
+    bank_file = tmp_path / "banks.safetensors"
+    save_file({"A/member-000": banks["A"], "B/member-000": banks["B"]}, str(bank_file))
+    assert main(["run", SEED, "--banks", str(bank_file), "--random", *DIMS]) == 0
+    np.savez(tmp_path / "in.npz", **inputs)
+    assert main(["run", SEED, "--inputs", str(tmp_path / "in.npz"), "--random"]) == 0  # dims from x
+
+
+def test_run_errors(tmp_path, capsys):
+    assert main(["run", SEED, *DIMS]) == 1
+    assert capsys.readouterr().err.startswith("error [binding_keys] $.inputs:")
+    assert main(["run", SEED, "--random", "--dim", "B=1"]) == 1
+    assert "error [binding_shape] $.dims:" in capsys.readouterr().err
+    assert main(["run", SEED, "--random", *DIMS, "--banks", str(tmp_path / "w.bin")]) == 1
+    assert "error [bank_store] $.banks:" in capsys.readouterr().err
+    assert main(["run", SEED, "--inputs", str(tmp_path / "in.txt")]) == 1
+    assert "error [schema] $.inputs:" in capsys.readouterr().err
+    assert main(["run", SEED, "--random", *DIMS, "--backend", "nope"]) == 1
+    assert "error [backend_unavailable]" in capsys.readouterr().err
+
+
+def test_plan_text_and_json(capsys):
+    assert main(["plan", SEED, "--dim", "B=4", "--dim", "S=16"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert main(["plan", SEED, "--dim", "B=4", "--dim", "S=16", "--json"]) == 0
+    assert isinstance(json.loads(capsys.readouterr().out), dict)
+    assert main(["plan", SEED, "--dim", "B=4"]) == 1
+    assert "error [binding_shape] $.dims" in capsys.readouterr().err
+
+
+def test_bench(capsys):
+    assert main(["bench", SEED, *DIMS, "--repeat", "2", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "first run" in out and "median" in out
+    assert main(["bench", SEED, *DIMS, "--repeat", "0"]) == 1
+
+
+def test_atoms_and_plugins(capsys):
+    assert main(["atoms"]) == 0
+    assert "contract" in capsys.readouterr().out
+    assert main(["plugins"]) == 0
+    assert "runtime.banks" in capsys.readouterr().out
+
+
+# --- helpers, without the API --------------------------------------------------------------
+def bundle_program():
+    b = ProgramBuilder()
+    b.input("x", {"T": "T", "D": 4}, dtype="floating")
+    b.input("idx", {"T": "T"}, dtype="int64")
+    b.input("m", {"D": 4}, dtype="boolean")
+    b.bank("lora.A", {"K": 3, "D": 4}, partition_id="A", bundle_id="lora", member_ids=["a", "b", "c"])
+    return loader.program(b.build(outputs=[]))
+
+
+def test_random_values_follow_declared_types():
+    prog = bundle_program()
+    inputs, banks = random_values(prog, {"T": 5}, seed=1, int_high=3)
+    assert inputs["x"].dtype == np.float32 and inputs["x"].shape == (5, 4)
+    assert inputs["idx"].dtype == np.int64 and set(np.unique(inputs["idx"])) <= {0, 1, 2}
+    assert inputs["m"].dtype == np.bool_ and banks["lora.A"].shape == (3, 4)
+    a, _ = random_values(prog, {"T": 5}, seed=1)
+    b, _ = random_values(prog, {"T": 5}, seed=1)
+    np.testing.assert_array_equal(a["x"], b["x"])
+    with pytest.raises(FormulaError) as info:
+        random_values(prog, {})
+    assert info.value.code == "binding_shape" and "'T'" in info.value.message
+
+
+def test_summary_and_read_arrays(tmp_path):
+    lines = "\n".join(summary(bundle_program()))
+    assert "bank  lora.A: float32[K=3, D=4]@anonymous  partition A, bundle lora members" in lines
+    np.savez(tmp_path / "a.npz", x=np.ones(2))
+    save_file({"y": np.zeros(3, np.float32)}, str(tmp_path / "b.safetensors"))
+    assert set(read_arrays(str(tmp_path / "a.npz"), "$.inputs")) == {"x"}
+    assert read_arrays(str(tmp_path / "b.safetensors"), "$.inputs")["y"].shape == (3,)
+    (tmp_path / "c.npz").write_bytes(b"junk")
+    with pytest.raises(FormulaError) as info:
+        read_arrays(str(tmp_path / "c.npz"), "$.inputs")
+    assert (info.value.code, info.value.path) == ("schema", "$.inputs")
