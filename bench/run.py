@@ -1,0 +1,158 @@
+"""Benchmark driver: one fresh pytest process per contender, results merged into one JSON.
+
+Thread pools of OpenBLAS (NumPy's and scipy's), libgomp (Numba) and ONNX Runtime that live
+in one process distort each other's timings, so every contender gets a process of its own.
+The environment is inherited unchanged (no OPENBLAS_* or thread variables are set here)
+and recorded, per process, by bench/conftest.py.
+
+    python bench/run.py                                   # everything, merged JSON in bench/results/
+    python bench/run.py --contenders numpy,cpu -k "not T32768" --report docs/performance.md
+    python bench/run.py --quick                           # each case once, results checked
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import coldstart, envinfo  # noqa: E402
+from bench.contenders import CONTENDERS, RUNTIME_BACKENDS  # noqa: E402
+
+SUITES = {"seed": "bench/test_seed.py", "atoms": "bench/test_atoms.py"}
+SCHEMA = "formula-bench-merged/1"
+
+
+def pytest_command(contender: str, files: list[str], json_path: Path, meta_path: Path,
+                   keyword: str | None, quick: bool, extra: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider",
+           f"--bench-contenders={contender}", f"--bench-meta={meta_path}",
+           f"--benchmark-json={json_path}"]
+    if contender not in RUNTIME_BACKENDS:
+        cmd += ["-p", "no:formula_runtime"]  # keep the runtime (and numba) out of peer processes
+    if keyword:
+        cmd += ["-k", keyword]
+    if quick:
+        cmd.append("--benchmark-disable")
+    return cmd + extra
+
+
+def run_contender(contender: str, files: list[str], workdir: Path, keyword: str | None,
+                  quick: bool, extra: list[str], timeout: float) -> dict[str, Any]:
+    json_path, meta_path = workdir / f"{contender}.json", workdir / f"{contender}.meta.json"
+    cmd = pytest_command(contender, files, json_path, meta_path, keyword, quick, extra)
+    print(f"[bench] {contender}: {shlex.join(cmd)}", flush=True)
+    t = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        returncode, stdout = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        returncode, stdout = "timeout", f"{exc}"
+    seconds = time.perf_counter() - t
+    tail = stdout.strip().splitlines()[-1:] or [""]
+    print(f"[bench] {contender}: rc={returncode} in {seconds:.1f}s: {tail[0]}", flush=True)
+    return {"contender": contender, "command": shlex.join(cmd), "returncode": returncode,
+            "seconds": round(seconds, 3), "output_tail": stdout[-4000:],
+            "benchmark_json": _read_json(json_path), "meta": _read_json(meta_path)}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def merge(runs: list[dict[str, Any]], coldstarts: list[dict[str, Any]], argv: list[str],
+          driver_env: dict[str, Any]) -> dict[str, Any]:
+    """One document: every timed benchmark (raw samples dropped) tagged with the process it
+    ran in, each process's environment, skip reasons, and the cold-start figures."""
+    benchmarks, processes = [], []
+    for run in runs:
+        bj = run.get("benchmark_json") or {}
+        meta = run.get("meta") or {}
+        for bench in bj.get("benchmarks", []):
+            stats = {k: v for k, v in bench.get("stats", {}).items() if k != "data"}
+            extra = bench.get("extra_info", {})
+            benchmarks.append({"name": bench.get("name"), "fullname": bench.get("fullname"),
+                               "group": bench.get("group"), "suite": extra.get("suite"),
+                               "contender": extra.get("contender", run["contender"]),
+                               "process": run["contender"], "extra_info": extra,
+                               "options": bench.get("options"), "stats": stats})
+        processes.append({
+            "contender": run["contender"], "command": run["command"],
+            "returncode": run["returncode"], "seconds": run["seconds"],
+            "environment": meta.get("environment") or bj.get("formula_env"),
+            "machine_info": bj.get("machine_info"), "commit_info": bj.get("commit_info"),
+            "skipped": meta.get("skipped", []), "failed": meta.get("failed", []),
+            "passed": len(meta.get("passed", [])),
+            "output_tail": run["output_tail"] if run["returncode"] not in (0, 5) else None})
+    return {"schema": SCHEMA, "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": shlex.join([sys.executable, *argv]), "environment": driver_env,
+            "processes": processes, "benchmarks": benchmarks, "coldstart": coldstarts}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Run each benchmark contender in its own process and merge the results.")
+    p.add_argument("--contenders", default=",".join(CONTENDERS),
+                   help=f"comma-separated, default all: {','.join(CONTENDERS)}")
+    p.add_argument("--suites", default=",".join(SUITES), help="comma-separated of: seed,atoms")
+    p.add_argument("-k", dest="keyword", default=None, help='pytest -k expression, e.g. "not T32768"')
+    p.add_argument("--quick", action="store_true", help="--benchmark-disable: each case once, checked")
+    p.add_argument("--out", type=Path, default=None, help="merged JSON (default bench/results/run-<time>.json)")
+    p.add_argument("--report", type=Path, default=None, help="also write the markdown report here")
+    p.add_argument("--coldstart", default="cpu",
+                   help="comma-separated backends for the cold/warm first-run step; 'none' to skip")
+    p.add_argument("--coldstart-tokens", type=int, default=256)
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per contender process")
+    p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = sorted(set(contenders) - set(CONTENDERS))
+    suites = [s.strip() for s in args.suites.split(",") if s.strip()]
+    if unknown or not set(suites) <= set(SUITES):
+        print(f"unknown contenders {unknown} or suites {suites}", file=sys.stderr)
+        return 2
+    files = [SUITES[s] for s in suites]
+    with tempfile.TemporaryDirectory(prefix="formula-bench-") as tmp:
+        runs = [run_contender(c, files, Path(tmp), args.keyword, args.quick, args.pytest_args,
+                              args.timeout) for c in contenders]
+    colds: list[dict[str, Any]] = []
+    for backend in [] if args.coldstart == "none" else args.coldstart.split(","):
+        print(f"[bench] cold/warm first run: {backend}, T={args.coldstart_tokens}", flush=True)
+        colds.extend(coldstart.cold_and_warm(backend.strip(), args.coldstart_tokens))
+    merged = merge(runs, colds, [str(Path(__file__).relative_to(REPO)), *argv],
+                   envinfo.collect(REPO))
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out or REPO / "bench" / "results" / f"run-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(merged, indent=1, default=str))
+    print(f"[bench] merged results: {out}")
+    if args.report:
+        from bench import report
+
+        args.report.write_text(report.render(merged, source=str(out)))
+        print(f"[bench] report: {args.report}")
+    bad = [r["contender"] for r in runs if r["returncode"] not in (0, 5)]  # 5: all deselected
+    if bad:
+        print(f"[bench] FAILED contenders: {bad}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The benchmark harness itself: program builder, result checks, process isolation, merge
+and report. Fast: no timing, one small pytest subprocess."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import programs, report, run
+from bench.atom_cases import CASES
+from bench.test_seed import SeedCase, check_seed
+from runtime import FormulaError, loader
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_atom_programs_follow_spec_records(case):
+    program = case.build()
+    loader.program(program)  # SPEC §2 record shapes, names, refs, limits
+    ids = {s["slot_id"]: s for s in program["slots"]}
+    for b in program["bindings"]:
+        assert ids[b["name"]]["producer"] == b["kind"]
+        assert ids[b["name"]]["role"] == ("input" if b["kind"] == "input" else "bank_operand")
+    assert ids["%0"]["role"] == "output" and program["outputs"] == ["%0"]
+    assert program["instructions"][0]["atom_ref"].endswith("@1")
+
+
+def test_atom_programs_validate_against_the_atoms():
+    import runtime
+
+    try:
+        import atoms
+
+        atoms.all_specs()
+    except ImportError as exc:
+        pytest.skip(f"built-in atom modules are not in the tree yet: {exc}")
+    for case in CASES:
+        try:
+            runtime.load_program(case.build())
+        except FormulaError as exc:
+            pytest.fail(f"{case.name}: {exc}")
+
+
+def test_seed_dtype_rewrite_keeps_accumulation():
+    p = programs.seed_program("float64")
+    loader.program(p)
+    types = [s["value_type"]["dtype"] for s in p["slots"]]
+    assert set(types) == {"float64"}
+    assert all(i["attributes"].get("accumulation_dtype", "float32") == "float32" for i in p["instructions"])
+    with pytest.raises(ValueError, match="float16"):
+        programs.seed_program("float16")
+
+
+def test_seed_check_accepts_the_formula_and_rejects_a_wrong_result():
+    data = programs.seed_data(5, "float32")
+    i, b = data["inputs"], data["banks"]
+    h = i["x"] @ b["lora.A"].T
+    good = i["base"] + i["lora.gain"] * ((h / (1 + np.exp(-h))) @ b["lora.B"].T)
+    case = SeedCase("numpy", "float32", 5)
+    check_seed(good, data, case)
+    wrong = good.copy()
+    wrong[0, 4, 7] += 1e-2
+    with pytest.raises(AssertionError):
+        check_seed(wrong, data, case)
+    with pytest.raises(AssertionError):
+        check_seed(good.astype(np.float64), data, case)
+
+
+def test_peer_processes_are_clean_and_record_their_environment(tmp_path):
+    meta = tmp_path / "meta.json"
+    cmd = run.pytest_command("numpy", ["bench/test_seed.py"], tmp_path / "b.json", meta,
+                             "T1 and float32", quick=True, extra=[])
+    assert "no:formula_runtime" in cmd
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    m = json.loads(meta.read_text())
+    assert m["passed"] == ["bench/test_seed.py::test_seed[numpy-float32-T1]"]
+    env = m["environment"]
+    assert "numba" not in env["modules_loaded"] and "runtime" not in env["modules_loaded"]
+    assert any(p.get("internal_api") == "openblas" for p in env["thread_pools"])
+    assert env["env"]["OPENBLAS_CORETYPE"] == __import__("os").environ.get("OPENBLAS_CORETYPE")
+
+
+def test_unknown_contender_is_a_usage_error():
+    proc = subprocess.run([sys.executable, "-m", "pytest", "bench/test_seed.py", "-q",
+                           "-p", "no:cacheprovider", "--bench-contenders=nump"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4 and "nump" in proc.stderr
+
+
+def _bench(contender, group, suite, median):
+    return {"name": f"test[{contender}]", "fullname": f"x::test[{contender}]", "group": group,
+            "extra_info": {"suite": suite, "contender": contender},
+            "stats": {"median": median, "data": [median] * 3}, "options": {}}
+
+
+def test_merge_and_report():
+    runs = [
+        {"contender": "cpu", "command": "c", "returncode": 0, "seconds": 1.0, "output_tail": "",
+         "benchmark_json": {"benchmarks": [_bench("cpu", "seed-float32-T256", "seed", 0.002),
+                                           _bench("cpu", "seed-float32-T8192", "seed", 0.010),
+                                           _bench("cpu", "atom-add", "atoms", 0.0001)]},
+         "meta": {"skipped": [], "failed": [], "passed": ["a", "b", "c"],
+                  "environment": {"thread_pools": [], "modules_loaded": ["runtime", "numba"]}}},
+        {"contender": "numpy", "command": "n", "returncode": 0, "seconds": 1.0, "output_tail": "",
+         "benchmark_json": {"benchmarks": [_bench("numpy", "seed-float32-T256", "seed", 0.003),
+                                           _bench("numpy", "atom-add", "atoms", 0.0002)]},
+         "meta": {"skipped": [], "failed": [], "passed": ["a"], "environment": None}},
+        {"contender": "torch", "command": "t", "returncode": 0, "seconds": 1.0, "output_tail": "",
+         "benchmark_json": None,
+         "meta": {"skipped": [{"nodeid": "x", "reason": "Skipped: torch: package 'torch' is not installed"}] * 2,
+                  "failed": [], "passed": [], "environment": None}},
+    ]
+    merged = run.merge(runs, [], ["bench/run.py"], {"versions": {"numpy": "2"}, "env": {}})
+    assert len(merged["benchmarks"]) == 5
+    assert all("data" not in b["stats"] for b in merged["benchmarks"])
+    text = report.render(merged, source="r.json")
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+             if line.startswith("| ")]
+    assert cells[0][:3] == ["case", "formula cpu ms", "NumPy (as written) ms"]
+    assert ["float32 T=256", "2.00", "3.00", "1.50×"] in cells
+    assert ["float32 T=8192", "10.00", "—", "—"] in cells  # numpy did not run at T=8192
+    assert ["add", "0.100", "0.200", "2.00×"] in cells
+    assert "`torch`: 2 case(s) skipped: torch: package 'torch' is not installed" in text
