@@ -67,7 +67,8 @@ def medians(merged: dict[str, Any], suite: str) -> dict[str, dict[str, float]]:
     table: dict[str, dict[str, float]] = defaultdict(dict)
     for b in merged.get("benchmarks", []):
         if b.get("suite") == suite and b.get("stats", {}).get("median") is not None:
-            table[b["group"]][b["contender"]] = b["stats"]["median"]
+            name = b["contender"] + (" (shared process)" if b.get("shared_process") else "")
+            table[b["group"]][name] = b["stats"]["median"]
     return table
 
 

@@ -38,7 +38,7 @@ def pytest_command(contender: str, files: list[str], json_path: Path, meta_path:
     cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider",
            f"--bench-contenders={contender}", f"--bench-meta={meta_path}",
            f"--benchmark-json={json_path}"]
-    if contender not in RUNTIME_BACKENDS:
+    if not set(contender.split(",")) & set(RUNTIME_BACKENDS):
         cmd += ["-p", "no:formula_runtime"]  # keep the runtime (and numba) out of peer processes
     if keyword:
         cmd += ["-k", keyword]
@@ -49,7 +49,8 @@ def pytest_command(contender: str, files: list[str], json_path: Path, meta_path:
 
 def run_contender(contender: str, files: list[str], workdir: Path, keyword: str | None,
                   quick: bool, extra: list[str], timeout: float) -> dict[str, Any]:
-    json_path, meta_path = workdir / f"{contender}.json", workdir / f"{contender}.meta.json"
+    stem = contender.replace(",", "+")
+    json_path, meta_path = workdir / f"{stem}.json", workdir / f"{stem}.meta.json"
     cmd = pytest_command(contender, files, json_path, meta_path, keyword, quick, extra)
     print(f"[bench] {contender}: {shlex.join(cmd)}", flush=True)
     t = time.perf_counter()
@@ -87,6 +88,7 @@ def merge(runs: list[dict[str, Any]], coldstarts: list[dict[str, Any]], argv: li
             benchmarks.append({"name": bench.get("name"), "fullname": bench.get("fullname"),
                                "group": bench.get("group"), "suite": extra.get("suite"),
                                "contender": extra.get("contender", run["contender"]),
+                               "shared_process": "," in run["contender"],
                                "process": run["contender"], "extra_info": extra,
                                "options": bench.get("options"), "stats": stats})
         processes.append({
@@ -114,6 +116,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--coldstart", default="cpu",
                    help="comma-separated backends for the cold/warm first-run step; 'none' to skip")
     p.add_argument("--coldstart-tokens", type=int, default=256)
+    p.add_argument("--shared-process", action="store_true",
+                   help="run all contenders in ONE process (only to show the interference it causes)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per contender process")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     return p.parse_args(argv)
@@ -130,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     files = [SUITES[s] for s in suites]
     with tempfile.TemporaryDirectory(prefix="formula-bench-") as tmp:
+        groups = [",".join(contenders)] if args.shared_process else contenders
         runs = [run_contender(c, files, Path(tmp), args.keyword, args.quick, args.pytest_args,
-                              args.timeout) for c in contenders]
+                              args.timeout) for c in groups]
     colds: list[dict[str, Any]] = []
     for backend in [] if args.coldstart == "none" else args.coldstart.split(","):
         print(f"[bench] cold/warm first run: {backend}, T={args.coldstart_tokens}", flush=True)
