@@ -1,0 +1,253 @@
+"""Elementwise atoms: scalar-map, scale, add, select (SPEC §3).
+
+Each declares a :class:`ScalarOp` so the planner can fuse it into chains and anchor
+epilogues; on cpu/cuda the single-node kernel is the generic fused-elementwise kernel with a
+one-step epilogue, so fused and unfused runs execute the very same scalar code. The scalar
+expressions never raise in plain Python and never overflow to NaN (sigmoid/silu evaluate
+``exp`` only on non-positive arguments; rsqrt guards 0 and negatives), so they behave the
+same under any Numba error model. Note: float literals make Numba evaluate float32 chains in
+float64 registers before the store rounds back; results stay within float32 rounding.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from runtime.atomspec import AtomSpec, InferContext, Node, ScalarOp
+from runtime.errors import fail
+from runtime.fusion import Epilogue, EpilogueStep
+from runtime.layout import align_to
+from runtime.types import TensorType, accumulation_dtype, numpy_dtype
+
+from ._refs import refs_for
+
+MODES = ("gelu", "relu", "rsqrt", "sigmoid", "silu", "tanh")
+
+SCALAR_EXPRS = {
+    "gelu": "(0.5 * {0} * (1.0 + math.erf({0} * 0.7071067811865476)))",
+    "relu": "(0.0 if {0} <= 0.0 else {0})",  # -0.0 -> 0.0 and NaN -> NaN, as np.maximum(x, 0)
+    "rsqrt": "((1.0 / math.sqrt({0})) if {0} > 0.0 else "
+             "(math.copysign(math.inf, {0}) if {0} == 0.0 else math.nan))",
+    "sigmoid": "((1.0 / (1.0 + math.exp(-{0}))) if {0} >= 0.0 else "
+               "(math.exp({0}) / (1.0 + math.exp({0}))))",
+    "silu": "(({0} / (1.0 + math.exp(-{0}))) if {0} >= 0.0 else "
+            "({0} * math.exp({0}) / (1.0 + math.exp({0}))))",
+    "tanh": "math.tanh({0})",
+}
+
+
+# --- shared checks -----------------------------------------------------------------------
+
+def require_numeric(ctx: InferContext, operand: int) -> None:
+    if ctx.operands[operand].dtype == "boolean":
+        ctx.mismatch(f"{ctx.atom.inputs[operand]} must be numeric, got boolean", operand)
+
+
+def require_identical(ctx: InferContext, a: int, b: int) -> None:
+    """SPEC: identical types (axis order, sizes, dtype, domain); symbols may still unify."""
+    ta, tb = ctx.operands[a], ctx.operands[b]
+    na, nb = ctx.atom.inputs[a], ctx.atom.inputs[b]
+    if ta.axes != tb.axes:
+        ctx.mismatch(f"{na} has axes {list(ta.axes)} but {nb} has {list(tb.axes)}", b)
+    ctx.require_same_dtype_domain(a, b)
+    for axis, sa, sb in zip(ta.axes, ta.sizes, tb.sizes):
+        ctx.require_extent(sa, sb, f"axis {axis!r} of {na} and {nb}", b)
+
+
+def require_mask(ctx: InferContext, mask: int, value: int) -> None:
+    """A boolean mask whose axes are value axes with extent 1 or the value's (SPEC select)."""
+    tm, tv = ctx.operands[mask], ctx.operands[value]
+    name = ctx.atom.inputs[mask]
+    if tm.dtype != "boolean":
+        ctx.mismatch(f"{name} must be boolean, got {tm.dtype}", mask)
+    if tm.domain != tv.domain:
+        ctx.mismatch(f"{name} is in domain {tm.domain!r} but {ctx.atom.inputs[value]} is in "
+                     f"{tv.domain!r}", mask)
+    for axis, size in zip(tm.axes, tm.sizes):
+        if axis not in tv.axes:
+            ctx.mismatch(f"{name} axis {axis!r} is not an axis of {ctx.atom.inputs[value]} "
+                         f"(axes {list(tv.axes)})", mask)
+        if size != 1:
+            ctx.require_extent(size, tv.size_of(axis), f"{name} axis {axis!r} (must be 1 or equal)", mask)
+
+
+# --- infer -------------------------------------------------------------------------------
+
+def infer_scalar_map(ctx: InferContext) -> TensorType:
+    ctx.attr_str("mode", MODES)
+    ctx.require_dtype(0, "floating")
+    t = ctx.operands[0]
+    return ctx.output(t.axes, t.sizes)
+
+
+def infer_scale(ctx: InferContext) -> TensorType:
+    value, factor = ctx.operands
+    axes = ctx.attr_axes("factor_axes")
+    ctx.accumulation()
+    if axes != factor.axes:
+        ctx.bad_attr("factor_axes", f"must list the factor's axes exactly, in order: "
+                                    f"{list(factor.axes)}, got {list(axes)}")
+    for axis in axes:
+        if axis not in value.axes:
+            ctx.bad_attr("factor_axes", f"value has no axis {axis!r} (axes {list(value.axes)})")
+    require_numeric(ctx, 0)
+    ctx.require_same_dtype_domain(0, 1)
+    for axis, size in zip(factor.axes, factor.sizes):
+        ctx.require_extent(size, value.size_of(axis), f"factor axis {axis!r}", 1)
+    return ctx.output(value.axes, value.sizes)
+
+
+def infer_add(ctx: InferContext) -> TensorType:
+    ctx.accumulation()
+    require_numeric(ctx, 0)
+    require_identical(ctx, 0, 1)
+    t = ctx.operands[0]
+    return ctx.output(t.axes, t.sizes)
+
+
+def infer_select(ctx: InferContext) -> TensorType:
+    require_identical(ctx, 1, 2)
+    require_mask(ctx, 0, 1)
+    t = ctx.operands[1]
+    return ctx.output(t.axes, t.sizes, like=1)
+
+
+# --- reference kernels (the oracle) ------------------------------------------------------
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    from scipy.special import erf  # scipy is a hard dependency (numba's BLAS needs it)
+
+    return erf(x)
+
+
+def scalar_map_numpy(mode: str, x: np.ndarray) -> np.ndarray:
+    """The SPEC formulas in NumPy, in x's dtype, written like the ScalarOps they check."""
+    with np.errstate(all="ignore"):
+        if mode == "gelu":
+            return 0.5 * x * (1.0 + _erf(x * 0.7071067811865476))
+        if mode == "relu":
+            return np.maximum(x, x.dtype.type(0))
+        if mode == "rsqrt":
+            return 1.0 / np.sqrt(x)
+        if mode == "tanh":
+            return np.tanh(x)
+        e = np.exp(-np.abs(x))  # <= 1: never overflows
+        if mode == "sigmoid":
+            return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+        if mode == "silu":
+            return np.where(x >= 0, x / (1.0 + e), x * e / (1.0 + e))
+    raise ValueError(mode)
+
+
+def _acc(node: Node) -> np.dtype:
+    t = node.input_types[0] if node.atom.name != "select" else node.input_types[1]
+    mode = node.attributes.get("accumulation_dtype", "activation")
+    return numpy_dtype(accumulation_dtype(t.dtype, mode))
+
+
+def _ref_scalar_map(node: Node):
+    mode, acc = node.attributes["mode"], _acc(node)
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        out[...] = scalar_map_numpy(mode, np.asarray(inputs[0]).astype(acc))
+    return run
+
+
+def _ref_scale(node: Node):
+    vt, ft = node.input_types
+    acc = _acc(node)
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        value, factor = inputs
+        f = align_to(np.asarray(factor), ft, vt)
+        with np.errstate(all="ignore"):
+            out[...] = np.multiply(np.asarray(value).astype(acc), f.astype(acc))
+    return run
+
+
+def _ref_add(node: Node):
+    acc = _acc(node)
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        with np.errstate(all="ignore"):
+            out[...] = np.add(np.asarray(inputs[0]).astype(acc), np.asarray(inputs[1]).astype(acc))
+    return run
+
+
+def _ref_select(node: Node):
+    mt, vt, _ = node.input_types
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        mask, t, f = inputs
+        out[...] = np.where(align_to(np.asarray(mask), mt, vt), t, f)
+    return run
+
+
+# --- cpu / cuda: the generic fused-elementwise kernel with one step ----------------------
+
+def single_step(node: Node) -> Epilogue:
+    """The node as a one-step anchorless chain reading each operand as an extra."""
+    op = node.atom.elementwise(node)
+    n = len(node.input_types)
+    return Epilogue((EpilogueStep(node, op, tuple(range(n))),), node.input_slots, node.input_types)
+
+
+def _unsupported(node: Node, backend: str) -> None:
+    for t in node.input_types + (node.output_type,):
+        if t.dtype not in ("float32", "float64", "int64", "boolean"):
+            fail("backend_unavailable", node.path,
+                 f"{node.atom.name} has no {backend} kernel for {t.dtype}; use backend='reference'")
+
+
+def _cpu(node: Node):
+    from runtime.backends.cpu_codegen import elementwise_kernel
+
+    _unsupported(node, "cpu")
+    kernel = elementwise_kernel(single_step(node), node.output_type)
+    types, target = node.input_types, node.output_type
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        kernel([align_to(x, t, target) for x, t in zip(inputs, types)], out)
+    return run
+
+
+def _cuda(node: Node):
+    from runtime.backends.cuda_codegen import align_device, elementwise_kernel
+
+    _unsupported(node, "cuda")
+    kernel = elementwise_kernel(single_step(node), node.output_type)
+    types, target = node.input_types, node.output_type
+
+    def run(inputs, out) -> None:
+        kernel([align_device(x, t, target) for x, t in zip(inputs, types)], out)
+    return run
+
+
+def _op(mode_of):
+    return lambda node: ScalarOp(mode_of(node))
+
+
+def _kernels(reference):
+    return {"reference": reference, "cpu": _cpu, "cuda": _cuda}
+
+
+SPECS = [
+    AtomSpec(name="scalar-map", refs=refs_for("scalar-map"), inputs=("value",),
+             attributes=frozenset({"mode"}), infer=infer_scalar_map,
+             kernels=_kernels(_ref_scalar_map),
+             elementwise=_op(lambda node: SCALAR_EXPRS[node.attributes["mode"]]), inplace=0,
+             summary="elementwise gelu (exact), relu, rsqrt, sigmoid, silu or tanh"),
+    AtomSpec(name="scale", refs=refs_for("scale"), inputs=("value", "factor"),
+             attributes=frozenset({"factor_axes", "accumulation_dtype"}), infer=infer_scale,
+             kernels=_kernels(_ref_scale), elementwise=_op(lambda node: "({0} * {1})"),
+             inplace=0, summary="value * factor, factor broadcast by axis name"),
+    AtomSpec(name="add", refs=refs_for("add"), inputs=("left", "right"),
+             attributes=frozenset({"accumulation_dtype"}), infer=infer_add,
+             kernels=_kernels(_ref_add), elementwise=_op(lambda node: "({0} + {1})"),
+             inplace=0, summary="left + right of identical types"),
+    AtomSpec(name="select", refs=refs_for("select"), inputs=("mask", "when_true", "when_false"),
+             attributes=frozenset(), infer=infer_select, kernels=_kernels(_ref_select),
+             elementwise=_op(lambda node: "({1} if {0} else {2})"), inplace=1,
+             summary="where(mask, when_true, when_false), mask broadcast by axis name"),
+]
