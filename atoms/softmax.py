@@ -1,0 +1,177 @@
+"""The masked-softmax atom (SPEC §3): a numerically stable softmax over the visible entries
+along one axis; masked entries are 0 and a fully masked row is all zeros (never NaN).
+
+Stable: the row maximum over visible entries is subtracted before ``exp``, so every exponent
+is <= 0 and the visible maximum contributes exactly 1, making the row sum >= 1.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from runtime.atomspec import AtomSpec, InferContext, Node
+from runtime.errors import fail
+from runtime.layout import align_to
+from runtime.types import TensorType, accumulation_dtype, numpy_dtype
+
+from ._refs import refs_for
+from .elementwise import require_mask
+
+
+def infer_masked_softmax(ctx: InferContext) -> TensorType:
+    ctx.axis_of("axis", 0)
+    ctx.accumulation()
+    ctx.require_dtype(0, "floating")
+    require_mask(ctx, 1, 0)
+    t = ctx.operands[0]
+    return ctx.output(t.axes, t.sizes)
+
+
+def masked_softmax_numpy(x: np.ndarray, mask: np.ndarray, position: int) -> np.ndarray:
+    """The oracle, in x's dtype; ``mask`` is broadcastable to x."""
+    m = np.moveaxis(np.broadcast_to(mask, x.shape), position, -1)
+    x = np.moveaxis(x, position, -1)
+    with np.errstate(all="ignore"):
+        visible = m.any(axis=-1, keepdims=True)
+        mx = np.where(visible, np.where(m, x, -np.inf).max(axis=-1, keepdims=True), 0)
+        e = np.exp(np.where(m, x - mx, -np.inf))  # exponents <= 0; masked -> exp(-inf) = 0
+        s = e.sum(axis=-1, keepdims=True)
+        res = np.where(s > 0, e / np.where(s > 0, s, 1), 0).astype(x.dtype)
+    return np.moveaxis(res, -1, position)
+
+
+def _reference(node: Node):
+    lt, mt = node.input_types
+    position = lt.axes.index(node.attributes["axis"])
+    acc = numpy_dtype(accumulation_dtype(lt.dtype, node.attributes["accumulation_dtype"]))
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        logits, mask = inputs
+        m = align_to(np.asarray(mask), mt, lt)
+        out[...] = masked_softmax_numpy(np.asarray(logits).astype(acc), m, position)
+    return run
+
+
+def _check_device(node: Node, backend: str) -> None:
+    dtype = node.input_types[0].dtype
+    if dtype not in ("float32", "float64"):
+        fail("backend_unavailable", node.path,
+             f"masked-softmax has no {backend} kernel for {dtype}; use backend='reference'")
+
+
+def _body(position: int, space_rank: int, mask_broadcast: Sequence[bool], wrap) -> list[str]:
+    """Per index-space element: the three passes over the softmax axis (max, exp+sum, scale)."""
+    names = [f"i{k}" for k in range(space_rank)]
+
+    def at(k: str) -> str:
+        return ", ".join(names[:position] + [wrap(k)] + names[position:])
+
+    def mat(k: str) -> str:
+        full = names[:position] + [wrap(k)] + names[position:]
+        return ", ".join("0" if b else i for i, b in zip(full, mask_broadcast))
+    n = f"lg.shape[{position}]"
+    return [
+        f"mx = lg[{at('0')}]",
+        "found = False",
+        f"for k in range({n}):",
+        f"    if mk[{mat('k')}]:",
+        f"        x = lg[{at('k')}]",
+        "        if (not found) or x > mx:",
+        "            mx = x",
+        "        found = True",
+        "if found:",
+        "    s = 0.0",
+        f"    for k in range({n}):",
+        f"        if mk[{mat('k')}]:",
+        f"            e = math.exp(lg[{at('k')}] - mx)",
+        f"            out[{at('k')}] = e",
+        "            s += e",
+        "        else:",
+        f"            out[{at('k')}] = 0.0",
+        f"    for k in range({n}):",
+        f"        out[{at('k')}] = out[{at('k')}] / s",
+        "else:",
+        f"    for k in range({n}):",
+        f"        out[{at('k')}] = 0.0",
+    ]
+
+
+def _layout(node: Node):
+    lt, mt = node.input_types
+    position = lt.axes.index(node.attributes["axis"])
+    lead = lt.rank == 1  # a leading unit axis gives a rank-1 softmax a non-empty index space
+    pattern = list(_broadcast(mt, lt))
+    if lead:
+        pattern = [True] + pattern
+    return position + lead, lt.rank + lead, lead, pattern
+
+
+def _broadcast(mt: TensorType, lt: TensorType):
+    present = dict(zip(mt.axes, mt.sizes))
+    return tuple(a not in present or present[a] == 1 for a in lt.axes)
+
+
+def _keepdims(mask: np.ndarray, mt: TensorType, lt: TensorType) -> np.ndarray:
+    """The mask with the logits' rank and axis order, extent 1 where broadcast (a view)."""
+    order = sorted(range(mt.rank), key=lambda i: lt.axes.index(mt.axes[i]))
+    present = {mt.axes[i]: mt.shape[i] for i in range(mt.rank)}
+    moved = mask.transpose(order) if mt.rank > 1 else mask
+    return moved.reshape(tuple(present.get(a, 1) for a in lt.axes))
+
+
+def _cpu(node: Node):
+    from runtime.backends import cpu_codegen as cg
+
+    _check_device(node, "cpu")
+    lt, mt = node.input_types
+    position, rank, lead, pattern = _layout(node)
+    dt = cg.numba_type(lt.dtype, node.path, "masked-softmax")
+    space = [k for k in range(rank) if k != position]
+    body = _body(position, len(space), pattern, lambda k: f"_u({k})")
+    args = [("lg", dt, rank, False), ("mk", "boolean", rank, False), ("out", dt, rank, True)]
+    label = f"masked-softmax axis {position} of rank {rank} {dt}"
+    kernel = cg.NestKernel("softmax", lambda par: cg.render(
+        label, args, cg.loop_nest([f"lg.shape[{k}]" for k in space], body, par), par))
+    shape = ((1,) if lead else ()) + lt.shape
+    space_shape = tuple(shape[k] for k in space)
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        logits, mask = inputs
+        m = cg.contiguous(_keepdims(np.asarray(mask), mt, lt))
+        lg = cg.contiguous(logits)
+        if lead:
+            lg, m, out = lg.reshape(shape), m.reshape((1,) + m.shape), out.reshape(shape)
+        kernel([lg, m, out], space_shape)
+    return run
+
+
+def _cuda(node: Node):
+    from runtime.backends import cuda_codegen as cg
+
+    _check_device(node, "cuda")
+    lt, mt = node.input_types
+    position, rank, lead, pattern = _layout(node)
+    space = [k for k in range(rank) if k != position]
+    body = _body(position, len(space), pattern, lambda k: k)
+    source = cg.render(f"masked-softmax axis {position} of rank {rank}", ["lg", "mk", "out"],
+                       [f"lg.shape[{k}]" for k in space], body)
+    kernel = cg.SpaceKernel("cusoftmax", source)
+    shape = ((1,) if lead else ()) + lt.shape
+    n = max(1, lt.elements // lt.shape[position - lead])
+
+    def run(inputs, out) -> None:
+        logits, mask = inputs
+        m = cg.align_device(mask, mt, lt)
+        if lead:
+            logits, m, out = logits.reshape(shape), m.reshape((1,) + tuple(m.shape)), out.reshape(shape)
+        kernel([logits, m, out], n)
+    return run
+
+
+SPECS = [
+    AtomSpec(name="masked-softmax", refs=refs_for("masked-softmax"), inputs=("logits", "mask"),
+             attributes=frozenset({"axis", "accumulation_dtype"}), infer=infer_masked_softmax,
+             kernels={"reference": _reference, "cpu": _cpu, "cuda": _cuda},
+             summary="stable softmax over visible entries along an axis; masked entries 0"),
+]
