@@ -150,7 +150,8 @@ def _ref_scalar_map(node: Node):
     mode, acc = node.attributes["mode"], _acc(node)
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
-        out[...] = scalar_map_numpy(mode, np.asarray(inputs[0]).astype(acc))
+        with np.errstate(all="ignore"):
+            out[...] = scalar_map_numpy(mode, np.asarray(inputs[0]).astype(acc))
     return run
 
 
@@ -170,7 +171,7 @@ def _ref_add(node: Node):
     acc = _acc(node)
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):  # overflow (in the cast back too) gives inf, as NumPy
             out[...] = np.add(np.asarray(inputs[0]).astype(acc), np.asarray(inputs[1]).astype(acc))
     return run
 
