@@ -52,7 +52,7 @@ def test_validate_prints_summary(capsys):
     out = capsys.readouterr().out
     assert load_program(SEED).fingerprint in out
     assert "symbols       B, S" in out and "bundle lora members ['member-000']" in out
-    assert "instructions  4" in out and "outputs       %4: float32[B=B, S=S, Dout=1024]" in out
+    assert "instructions  5" in out and "outputs       %4: float32[B=B, S=S, Dout=1024]" in out
 
 
 def test_validate_errors_exit_1_with_code_and_path(tmp_path, capsys):
