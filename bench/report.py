@@ -46,6 +46,10 @@ METHOD = """\
 - **Checked.** Every contender's output is compared with a float64 NumPy evaluation of
   sampled rows (written with `einsum`, no BLAS, so the check wakes no BLAS pool), also in
   the quick mode `pytest bench --benchmark-disable`.
+- **Caveats.** The machine is shared and noisy: treat differences under ~15 % as noise and
+  rerun before relying on one. threadpoolctl does not see ONNX Runtime's own pool (default
+  intra-op threads). The `numpy` atom process also loads scipy (for `erf` in gelu), hence
+  a second, idle OpenBLAS pool there.
 """
 
 
@@ -80,7 +84,7 @@ def _group_key(group: str):
 def case_table(table: dict[str, dict[str, float]], first_col: str, label=lambda g: g) -> list[str]:
     present = [c for c in ORDER if any(c in row for row in table.values())]
     present += sorted({c for row in table.values() for c in row} - set(present))
-    peers = [p for p in present if p in PEERS]
+    peers = [p for p in present if p in PEERS] if BASELINE in present else []
     head = [first_col, *[f"{LABELS.get(c, c)} ms" for c in present]]
     head += [f"cpu vs {LABELS.get(p, p)}" for p in peers]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -89,6 +93,9 @@ def case_table(table: dict[str, dict[str, float]], first_col: str, label=lambda 
         cells = [label(group), *[_fmt_ms(row.get(c)) for c in present]]
         cells += [_fmt_ratio(row.get(p), row.get(BASELINE)) for p in peers]
         lines.append("| " + " | ".join(cells) + " |")
+    if BASELINE not in present:
+        lines += ["", f"No speed-up column: the `{BASELINE}` backend was not timed in this run "
+                      "(see *Not measured*)."]
     return lines
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -60,8 +61,8 @@ def run_contender(contender: str, files: list[str], workdir: Path, keyword: str 
     except subprocess.TimeoutExpired as exc:
         returncode, stdout = "timeout", f"{exc}"
     seconds = time.perf_counter() - t
-    tail = stdout.strip().splitlines()[-1:] or [""]
-    print(f"[bench] {contender}: rc={returncode} in {seconds:.1f}s: {tail[0]}", flush=True)
+    summary = [ln for ln in stdout.splitlines() if re.search(r"\d+ (passed|failed|skipped|deselected|error)", ln)]
+    print(f"[bench] {contender}: rc={returncode} in {seconds:.1f}s: {(summary or [''])[-1].strip()}", flush=True)
     return {"contender": contender, "command": shlex.join(cmd), "returncode": returncode,
             "seconds": round(seconds, 3), "output_tail": stdout[-4000:],
             "benchmark_json": _read_json(json_path), "meta": _read_json(meta_path)}
