@@ -351,3 +351,17 @@ def test_results_survive_the_next_run():
 
 def test_unknown_backend():
     expect_error("backend_unavailable", ANY, runtime.compile, simple_add(), backend="tpu")
+
+
+def test_cuda_backend_or_unavailable():
+    """SPEC §7: ``cuda`` runs where numba.cuda can (the simulator counts), else backend_unavailable."""
+    from numba import cuda  # lazily: conftest switches the simulator on before numba loads
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    if not cuda.is_available():
+        expect_error("backend_unavailable", ANY, lambda: runtime.execute(
+            simple_add(), inputs={"x": x, "y": x}, banks={}, backend="cuda"))
+        return
+    out = runtime.execute(simple_add(), inputs={"x": x, "y": x}, banks={}, backend="cuda")["%0"]
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32
+    np.testing.assert_array_equal(out, 2 * x)
