@@ -1,0 +1,482 @@
+"""GEMM machinery of the contract atom: axis lowering, and the generated CPU (BLAS tiles) and
+CUDA (shared-memory tiles) kernels with a fused elementwise epilogue.
+
+Any named-axis contraction is lowered to a batched GEMM ``[nb, m, k] x [nb, k, n]``: batch
+axes, left's kept axes (M), right's kept axes (N), reduced pairs (K). Operands are viewed,
+not copied, whenever their strides give each batch a matrix with one unit stride. The output
+and the epilogue operands are addressed through per-group offsets (affine strides, or tables
+when a group's axes are interleaved), so any output axis order is written in place.
+
+CPU threading (see PERFORMANCE-FACTS "the trap"): the kernel runs BLAS *inside* ``prange``,
+one row tile per call, and each worker first switches scipy's OpenBLAS to one thread for
+itself only (``openblas_set_num_threads_local``, restored afterwards), so BLAS never spawns
+or wakes its own pool under Numba's threads and nothing the caller does elsewhere changes.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+from runtime.codegen import configure_numba_cache, load_generated
+from runtime.errors import FormulaError
+from runtime.fusion import Epilogue
+from runtime.types import TensorType
+
+# Row tiles: the GEMM result of one tile ([tm, n], acc dtype) stays cache-resident while the
+# epilogue reads it. Measured on the 2-core VM (bench/experiments/contract_seed_kernels.py).
+SCRATCH_BYTES = int(os.environ.get("FORMULA_CONTRACT_SCRATCH", 256 * 1024))
+# Below this many multiply-adds a call runs on one thread (a parallel region costs ~10 µs+).
+PARALLEL_MIN_MACS = int(os.environ.get("FORMULA_CONTRACT_PARALLEL_MIN", 1 << 21))
+TILES_PER_THREAD = 4
+CUDA_TILE = 16
+
+_NUMBA_FLOATS = {"float32": "float32", "float64": "float64"}
+
+
+# --- lowering ----------------------------------------------------------------------------
+
+@attrs.frozen
+class Lowering:
+    """How a contract node maps onto ``[nb, m, k] x [nb, k, n] -> [nb, m, n]``."""
+
+    batch: tuple[str, ...]
+    m_axes: tuple[str, ...]
+    n_axes: tuple[str, ...]
+    k_left: tuple[str, ...]
+    k_right: tuple[str, ...]
+    extents: dict  # axis name -> extent (left's names for reduced pairs)
+    left_order: tuple[int, ...]  # left axes permuted to (batch, M, K)
+    right_order: tuple[int, ...]  # right axes permuted to (batch, K, N)
+
+    def size(self, axes: Sequence[str]) -> int:
+        return math.prod(self.extents[a] for a in axes)
+
+    @property
+    def dims(self) -> tuple[int, int, int, int]:
+        return (self.size(self.batch), self.size(self.m_axes), self.size(self.n_axes),
+                self.size(self.k_left))
+
+
+def lower(left: TensorType, right: TensorType, pairs: Sequence[Sequence[str]]) -> Lowering:
+    k_left = tuple(p[0] for p in pairs)
+    k_right = tuple(p[1] for p in pairs)
+    batch = tuple(a for a in left.axes if a in right.axes and a not in k_left and a not in k_right)
+    m_axes = tuple(a for a in left.axes if a not in k_left and a not in batch)
+    n_axes = tuple(a for a in right.axes if a not in k_right and a not in batch)
+    extents = dict(zip(right.axes, right.sizes))
+    extents.update(zip(left.axes, left.sizes))
+    left_order = tuple(left.axes.index(a) for a in batch + m_axes + k_left)
+    right_order = tuple(right.axes.index(a) for a in batch + k_right + n_axes)
+    return Lowering(batch, m_axes, n_axes, k_left, k_right, extents, left_order, right_order)
+
+
+def as_batched(x: np.ndarray, order: Sequence[int], shape3: tuple[int, int, int]) -> np.ndarray:
+    """``x`` transposed and reshaped to ``shape3``: a view whenever NumPy can make one."""
+    return np.asarray(x).transpose(order).reshape(shape3)
+
+
+def group_offsets(axes: Sequence[str], group: Sequence[str], shape: Sequence[int],
+                  strides: Sequence[int]) -> np.ndarray:
+    """Element offsets of every C-order index of the axes ``group`` in an array with ``axes``."""
+    pos = {a: i for i, a in enumerate(axes)}
+    offs = np.zeros(1, np.int64)
+    for a in group:
+        i = pos.get(a)
+        ext, st = (shape[i], strides[i]) if i is not None else (1, 0)
+        offs = (offs[:, None] + np.arange(ext, dtype=np.int64)[None, :] * st).reshape(-1)
+    return offs
+
+
+def classify(offs: np.ndarray) -> tuple[str, int]:
+    """('zero'|'unit'|'affine'|'table', stride): the cheapest way to address a group."""
+    if offs.size == 1 or not offs.any():
+        return "zero", 0
+    step = int(offs[1] - offs[0])
+    if offs[0] == 0 and np.array_equal(offs, np.arange(offs.size, dtype=np.int64) * step):
+        return ("unit" if step == 1 else "affine"), step
+    return "table", 0
+
+
+def c_strides(shape: Sequence[int]) -> list[int]:
+    strides, acc = [], 1
+    for ext in reversed(shape):
+        strides.append(acc)
+        acc *= ext
+    return strides[::-1]
+
+
+@attrs.frozen
+class Addressing:
+    """Offsets of (batch, M, N) groups in one flat array: kinds, strides and tables."""
+
+    kinds: tuple[str, str, str]
+    strides: tuple[int, int, int]
+    tables: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]
+
+
+def addressing(axes: Sequence[str], shape: Sequence[int], strides: Sequence[int],
+               low: Lowering) -> Addressing:
+    kinds, steps, tables = [], [], []
+    for group in (low.batch, low.m_axes, low.n_axes):
+        offs = group_offsets(axes, group, shape, strides)
+        kind, step = classify(offs)
+        kinds.append(kind)
+        steps.append(step)
+        tables.append(offs if kind == "table" else None)
+    return Addressing(tuple(kinds), tuple(steps), tuple(tables))
+
+
+def keepdims_addressing(t: TensorType, out_type: TensorType, low: Lowering) -> Addressing:
+    """Addressing of an epilogue operand compacted to out's rank (extent 1 where broadcast)."""
+    return addressing(out_type.axes, out_type.shape, keepdims_strides(t, out_type), low)
+
+
+def keepdims_strides(t: TensorType, out_type: TensorType) -> list[int]:
+    """Element strides, per axis of out, of ``t`` in keepdims form (0 where broadcast)."""
+    present = dict(zip(t.axes, t.sizes))
+    shape = [present[a] if a in present and present[a] != 1 else 1 for a in out_type.axes]
+    return [0 if e == 1 else s for e, s in zip(shape, c_strides(shape))]
+
+
+def numba_float(dtype: str, node, backend: str) -> str:
+    try:
+        return _NUMBA_FLOATS[dtype]
+    except KeyError:
+        raise FormulaError("backend_unavailable", node.path,
+                           f"contract has no {backend} kernel for {dtype}; use backend='reference'") from None
+
+
+def index_code(prefix: str, kind: str, var: str) -> str:
+    """Source for one group's offset contribution of index ``var``."""
+    if kind == "zero":
+        return "0"
+    if kind == "unit":
+        return var
+    if kind == "affine":
+        return f"{var} * {prefix}"
+    return f"{prefix}t[{var}]"
+
+
+# --- BLAS from njit ----------------------------------------------------------------------
+
+_blas_ready = False
+
+
+def _register_blas() -> None:
+    """Make scipy's BLAS gemm and OpenBLAS' per-thread thread count callable by name from
+    njit code (ExternalFunction), so the kernels hold no dynamic globals and cache to disk."""
+    global _blas_ready
+    if _blas_ready:
+        return
+    import llvmlite.binding as ll
+    from numba.extending import get_cython_function_address
+
+    for name in ("sgemm", "dgemm"):
+        ll.add_symbol(f"formula_contract_{name}",
+                      get_cython_function_address("scipy.linalg.cython_blas", name))
+    ll.add_symbol("formula_contract_local_threads", _local_threads_address())
+    _blas_ready = True
+
+
+def _local_threads_address() -> int:
+    """``openblas_set_num_threads_local`` of the library behind scipy's cython_blas, or a
+    compiled no-op returning 1 when that BLAS has no such call (not OpenBLAS, or too old)."""
+    from numba.extending import get_cython_function_address
+
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
+                    ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+    try:
+        addr = get_cython_function_address("scipy.linalg.cython_blas", "sgemm")
+        info = DlInfo()
+        if ctypes.CDLL(None).dladdr(ctypes.c_void_p(addr), ctypes.byref(info)):
+            lib = ctypes.CDLL(info.fname.decode())
+            fn = getattr(lib, "openblas_set_num_threads_local", None)
+            if fn is not None:
+                return ctypes.cast(fn, ctypes.c_void_p).value
+    except OSError:
+        pass
+    from numba import cfunc, types
+
+    @cfunc(types.int32(types.int32))
+    def _noop(n):
+        return 1
+    _local_threads_address.noop = _noop  # keep the compiled callback alive
+    return _noop.address
+
+
+def blas_operand(x3: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """(array, trans, ld) so every batch of ``x3`` ([nb, r, c]) is a BLAS matrix: trans=0 for
+    a unit column stride (row-major, ld = row stride), 1 for a unit row stride (ld = column
+    stride). Copies only when neither holds (or strides are not whole elements)."""
+    item = x3.itemsize
+    _, r, c = x3.shape
+    if all(s % item == 0 for s in x3.strides) and x3.ctypes.data % item == 0:
+        _, sr, sc = (s // item for s in x3.strides)
+        if (c == 1 or sc == 1) and (r == 1 or sr >= c):
+            return x3, 0, (sr if r > 1 else c)
+        if (r == 1 or sr == 1) and (c == 1 or sc >= r):
+            return x3, 1, (sc if c > 1 else r)
+    return np.ascontiguousarray(x3), 0, c
+
+
+def batch_stride(x3: np.ndarray) -> int:
+    return x3.strides[0] // x3.itemsize if x3.shape[0] > 1 else 0
+
+
+# --- CPU: generated kernel ---------------------------------------------------------------
+
+# ints[] layout shared by the generated source and the runner
+_I_NB, _I_M, _I_N, _I_K, _I_TM, _I_LDA, _I_LDB, _I_TA, _I_TB, _I_SAB, _I_SBB, _I_PA, _I_PB = range(13)
+_I_ADDR = 13  # then (batch, M, N) strides of out, then of each extra
+
+
+def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[Addressing],
+                epilogue: Epilogue, parallel: bool) -> str:
+    item = 4 if dt == "float32" else 8
+    blas = "_sgemm" if dt == "float32" else "_dgemm"
+    names = ["o"] + [f"x{j}" for j in range(len(extra_addr))]
+    addrs = [out_addr] + list(extra_addr)
+    tables = [f"{nm}{g}t" for nm, ad in zip(names, addrs) for g, kind in zip("bmn", ad.kinds)
+              if kind == "table"]
+    xs = [f"x{j}" for j in range(len(extra_addr))]
+    params = ", ".join(["ints", "out"] + xs + tables + ["nwork"])
+    L = [f'"""Generated by atoms._gemm: contract anchor {label}."""',
+         "import math", "import numpy as np",
+         "from numba import njit, prange",
+         "from atoms._gemm import ext_sgemm as _sgemm, ext_dgemm as _dgemm, ext_local_threads as _threads",
+         "",
+         f"@njit(cache=True, parallel={parallel}, nogil=True, error_model='numpy')",
+         f"def kernel({params}):",
+         f"    nb = ints[{_I_NB}]", f"    m = ints[{_I_M}]", f"    n = ints[{_I_N}]",
+         f"    k = ints[{_I_K}]", f"    tm = ints[{_I_TM}]",
+         f"    ta = ints[{_I_TA}]", f"    tb = ints[{_I_TB}]",
+         f"    lda = ints[{_I_LDA}]", f"    sab = ints[{_I_SAB}]", f"    sbb = ints[{_I_SBB}]",
+         f"    pa = ints[{_I_PA}]", f"    pb = ints[{_I_PB}]"]
+    for a, (nm, ad) in enumerate(zip(names, addrs)):
+        for g, kind in enumerate(ad.kinds):
+            if kind == "affine":
+                L.append(f"    {nm}{'bmn'[g]} = ints[{_I_ADDR + 3 * a + g}]")
+    L += ["    ntm = (m + tm - 1) // tm",
+          "    ntiles = nb * ntm",
+          f"    for w in {'prange' if parallel else 'range'}(nwork):",
+          "        prev = _threads(1)",  # this worker's BLAS calls stay on this thread
+          f"        scratch = np.empty(tm * n, np.{dt})",
+          "        prm = np.empty(8, np.int32)",
+          "        prm[0] = n", "        prm[2] = k", f"        prm[3] = ints[{_I_LDB}]",
+          "        prm[4] = lda", "        prm[5] = n",
+          "        ch = np.empty(2, np.uint8)",
+          "        ch[0] = 84 if tb else 78",  # 'T' / 'N'
+          "        ch[1] = 84 if ta else 78",
+          f"        sc = np.empty(2, np.{dt})", "        sc[0] = 1.0", "        sc[1] = 0.0",
+          "        pch = np.int64(ch.ctypes.data)", "        pprm = np.int64(prm.ctypes.data)",
+          "        psc = np.int64(sc.ctypes.data)", "        pscr = np.int64(scratch.ctypes.data)",
+          "        t0 = w * ntiles // nwork", "        t1 = (w + 1) * ntiles // nwork",
+          "        for t in range(t0, t1):",
+          "            bi = t // ntm",
+          "            i0 = (t - bi * ntm) * tm",
+          "            rows = min(tm, m - i0)",
+          "            prm[1] = rows",
+          "            arow = i0 if ta else i0 * lda",
+          f"            {blas}(pch, pch + 1, pprm, pprm + 4, pprm + 8, psc,",
+          f"                   pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item}, pprm + 16,",
+          f"                   psc + {item}, pscr, pprm + 20)"]
+    L.append("            ob = " + index_code("ob", addrs[0].kinds[0], "bi"))
+    for j, ad in enumerate(extra_addr):
+        L.append(f"            x{j}b = " + index_code(f"x{j}b", ad.kinds[0], "bi"))
+    L += ["            for i in range(rows):",
+          "                ii = i0 + i",
+          "                orow = ob + " + index_code("om", addrs[0].kinds[1], "ii"),
+          "                srow = i * n"]
+    for j, ad in enumerate(extra_addr):
+        L.append(f"                x{j}r = x{j}b + " + index_code(f"x{j}m", ad.kinds[1], "ii"))
+    L.append("                for j in range(n):")
+    reads = [f"x{j}[x{j}r + {index_code(f'x{j}n', ad.kinds[2], 'j')}]" for j, ad in enumerate(extra_addr)]
+    L.append("                    acc = scratch[srow + j]")
+    lines, result = epilogue.emit("acc", reads, indent="                    ")
+    L += lines
+    L.append(f"                    out[orow + {index_code('on', addrs[0].kinds[2], 'j')}] = {result}")
+    L.append("        _threads(prev)")
+    return "\n".join(L) + "\n"
+
+
+def _declare_externals():
+    from numba import types
+
+    i64 = types.int64
+    gemm = types.void(*([i64] * 13))
+    return (types.ExternalFunction("formula_contract_sgemm", gemm),
+            types.ExternalFunction("formula_contract_dgemm", gemm),
+            types.ExternalFunction("formula_contract_local_threads", types.int32(types.int32)))
+
+
+ext_sgemm, ext_dgemm, ext_local_threads = _declare_externals()
+
+
+def _compact_host(x: np.ndarray, t: TensorType, out_type: TensorType) -> np.ndarray:
+    """An epilogue operand (a broadcast view of out's shape) as the flat C-order array of its
+    keepdims form: broadcast axes cut to extent 1 first, so stride-0 views are never copied."""
+    present = dict(zip(t.axes, t.sizes))
+    keep = [a in present and present[a] != 1 for a in out_type.axes]
+    x = np.asarray(x)
+    if out_type.rank:
+        x = x[tuple(slice(None) if k else slice(0, 1) for k in keep)]
+    return np.ascontiguousarray(x).reshape(-1)
+
+
+def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
+    """``run(inputs, extras, out)``: BLAS row tiles in prange, epilogue applied per hot tile."""
+    lt, rt = node.input_types
+    dt = numba_float(lt.dtype, node, "cpu")
+    out_type = node.output_type
+    for t in epilogue.extra_types:
+        if t.dtype not in ("float32", "float64", "int64", "boolean"):
+            raise FormulaError("backend_unavailable", node.path,
+                               f"contract epilogue has no cpu kernel for {t.dtype}; use backend='reference'")
+    nb, m, n, k = low.dims
+    out_shape = out_type.shape
+    out_addr = addressing(out_type.axes, out_shape, c_strides(out_shape), low)
+    extra_addr = [keepdims_addressing(t, out_type, low) for t in epilogue.extra_types]
+    item = np.dtype(dt).itemsize
+    tm = max(8, min(m, SCRATCH_BYTES // max(1, n * item)))
+    ntiles = nb * -(-m // tm)
+    parallel = nb * m * n * k >= PARALLEL_MIN_MACS and ntiles > 1
+    if parallel:  # enough tiles to balance two noisy cores
+        import numba
+
+        threads = numba.get_num_threads()
+        want = threads * TILES_PER_THREAD
+        if ntiles < want:
+            tm = max(8, -(-m // max(1, want // nb)))
+            ntiles = nb * -(-m // tm)
+        nwork = min(threads, ntiles)
+    else:
+        nwork = 1
+    ints = np.zeros(_I_ADDR + 3 * (1 + len(extra_addr)), np.int64)
+    ints[[_I_NB, _I_M, _I_N, _I_K, _I_TM]] = nb, m, n, k, tm
+    tables = []
+    for a, ad in enumerate([out_addr] + extra_addr):
+        ints[_I_ADDR + 3 * a:_I_ADDR + 3 * a + 3] = ad.strides
+        tables += [tb for tb in ad.tables if tb is not None]
+    label = f"{epilogue.key} {dt} out={''.join(k[0] for k in out_addr.kinds)}" + "".join(
+        f" x{j}={''.join(k[0] for k in ad.kinds)}" for j, ad in enumerate(extra_addr))
+    _register_blas()
+    configure_numba_cache()
+    kernel = load_generated(_cpu_source(label, dt, out_addr, extra_addr, epilogue, parallel),
+                            "contract_cpu").kernel
+    extra_types = epilogue.extra_types
+    shape_l, shape_r = (nb, m, k), (nb, k, n)
+
+    def run(inputs: Sequence[np.ndarray], extras: Sequence[np.ndarray], out: np.ndarray) -> None:
+        a3, ta, lda = blas_operand(as_batched(inputs[0], low.left_order, shape_l))
+        b3, tb, ldb = blas_operand(as_batched(inputs[1], low.right_order, shape_r))
+        args = ints.copy()
+        args[[_I_LDA, _I_LDB, _I_TA, _I_TB, _I_SAB, _I_SBB, _I_PA, _I_PB]] = (
+            lda, ldb, ta, tb, batch_stride(a3), batch_stride(b3), a3.ctypes.data, b3.ctypes.data)
+        xs = [_compact_host(x, t, out_type) for x, t in zip(extras, extra_types)]
+        kernel(args, out.reshape(-1), *xs, *tables, nwork)
+    return run
+
+
+# --- CUDA: generated shared-memory tiled kernel ------------------------------------------
+
+def _cuda_source(label: str, dt: str, n_extra: int, epilogue: Epilogue) -> str:
+    """One thread per output element of a TILE x TILE block; K is walked in TILE steps through
+    shared memory. Every operand is flat and addressed through offset tables (one int64
+    device array ``tab``; ``p*`` are the start of each group's table in it)."""
+    T = CUDA_TILE
+    groups = ["a_b", "a_m", "a_k", "b_b", "b_k", "b_n", "o_b", "o_m", "o_n"]
+    groups += [f"x{j}_{g}" for j in range(n_extra) for g in "bmn"]
+    params = ["a", "b", "out"] + [f"x{j}" for j in range(n_extra)] + ["tab"] + \
+        [f"p{g}" for g in groups] + ["nb", "m", "n", "k"]
+    L = [f'"""Generated by atoms._gemm: contract cuda anchor {label}."""',
+         "import math", f"from numba import cuda, {dt}", "",
+         "@cuda.jit(cache=True)",
+         f"def kernel({', '.join(params)}):",
+         f"    sa = cuda.shared.array(({T}, {T}), {dt})",
+         f"    sb = cuda.shared.array(({T}, {T}), {dt})",
+         "    tx = cuda.threadIdx.x", "    ty = cuda.threadIdx.y",
+         f"    j = cuda.blockIdx.x * {T} + tx", f"    i = cuda.blockIdx.y * {T} + ty",
+         "    bi = cuda.blockIdx.z",
+         "    while bi < nb:",
+         f"        acc = {dt}(0)",
+         "        for k0 in range(0, k, %d):" % T,
+         "            kk = k0 + tx",
+         "            if i < m and kk < k:",
+         "                sa[ty, tx] = a[tab[pa_b + bi] + tab[pa_m + i] + tab[pa_k + kk]]",
+         "            else:",
+         f"                sa[ty, tx] = {dt}(0)",
+         "            kk = k0 + ty",
+         "            if j < n and kk < k:",
+         "                sb[ty, tx] = b[tab[pb_b + bi] + tab[pb_k + kk] + tab[pb_n + j]]",
+         "            else:",
+         f"                sb[ty, tx] = {dt}(0)",
+         "            cuda.syncthreads()",
+         f"            for q in range({T}):",
+         "                acc += sa[ty, q] * sb[q, tx]",
+         "            cuda.syncthreads()",
+         "        if i < m and j < n:"]
+    reads = [f"x{j}[tab[px{j}_b + bi] + tab[px{j}_m + i] + tab[px{j}_n + j]]" for j in range(n_extra)]
+    lines, result = epilogue.emit("acc", reads, indent="            ")
+    L += lines
+    L += [f"            out[tab[po_b + bi] + tab[po_m + i] + tab[po_n + j]] = {result}",
+          "        bi += cuda.gridDim.z"]
+    return "\n".join(L) + "\n"
+
+
+def _flat_device(x):
+    size = math.prod(x.shape)
+    return x.reshape((size,)) if x.shape != (size,) else x
+
+
+def cuda_anchor(node, epilogue: Epilogue, low: Lowering):
+    """``run(inputs, extras, out)`` on device arrays (C-contiguous operands; extras in keepdims
+    form of out's type, i.e. extent 1 on broadcast axes)."""
+    lt, rt = node.input_types
+    dt = numba_float(lt.dtype, node, "cuda")
+    out_type = node.output_type
+    for t in epilogue.extra_types:
+        if t.dtype not in ("float32", "float64", "int64", "boolean"):
+            raise FormulaError("backend_unavailable", node.path,
+                               f"contract epilogue has no cuda kernel for {t.dtype}; use backend='reference'")
+    nb, m, n, k = low.dims
+    parts: list[np.ndarray] = []
+    starts: list[int] = []
+
+    def add(axes, shape, groups):
+        strides = c_strides(shape)
+        for group in groups:
+            starts.append(sum(p.size for p in parts))
+            parts.append(group_offsets(axes, group, shape, strides))
+
+    add(lt.axes, lt.shape, (low.batch, low.m_axes, low.k_left))
+    add(rt.axes, rt.shape, (low.batch, low.k_right, low.n_axes))
+    add(out_type.axes, out_type.shape, (low.batch, low.m_axes, low.n_axes))
+    for t in epilogue.extra_types:
+        strides = keepdims_strides(t, out_type)
+        for group in (low.batch, low.m_axes, low.n_axes):
+            starts.append(sum(p.size for p in parts))
+            parts.append(group_offsets(out_type.axes, group, out_type.shape, strides))
+    table = np.concatenate(parts)
+    label = f"{epilogue.key} {dt} extras={epilogue.n_extra}"
+    configure_numba_cache()
+    kernel = load_generated(_cuda_source(label, dt, epilogue.n_extra, epilogue), "contract_cuda").kernel
+    from numba import cuda
+
+    state = {}
+    T = CUDA_TILE
+    grid = (-(-n // T), -(-m // T), min(nb, 65535))
+
+    def run(inputs, extras, out) -> None:
+        tab = state.get("tab")
+        if tab is None:  # one upload per compiled plan, on first use
+            tab = state["tab"] = cuda.to_device(table)
+        arrays = [_flat_device(inputs[0]), _flat_device(inputs[1]), _flat_device(out)]
+        arrays += [_flat_device(x) for x in extras]
+        kernel[grid, (T, T)](*arrays, tab, *starts, nb, m, n, k)
+    return run
