@@ -8,15 +8,18 @@ and the epilogue operands are addressed through per-group offsets (affine stride
 when a group's axes are interleaved), so any output axis order is written in place.
 
 CPU threading (see PERFORMANCE-FACTS "the trap"): the kernel runs BLAS *inside* ``prange``,
-one row tile per call, and each worker first switches scipy's OpenBLAS to one thread for
-itself only (``openblas_set_num_threads_local``, restored afterwards), so BLAS never spawns
-or wakes its own pool under Numba's threads and nothing the caller does elsewhere changes.
+one row tile per call, so BLAS itself must stay on the calling thread. scipy's OpenBLAS (a
+pthreads build) has only a process-wide thread count (``openblas_set_num_threads_local`` is
+global there too), so :class:`SingleThreadedBlas` switches it to 1 for exactly the duration
+of our calls (reference-counted across concurrent runs) and restores the caller's setting:
+OpenBLAS' pool is then never woken under Numba's threads.
 """
 from __future__ import annotations
 
 import ctypes
 import math
 import os
+import threading
 from collections.abc import Sequence
 
 import attrs
@@ -158,8 +161,8 @@ def index_code(prefix: str, kind: str, var: str) -> str:
     if kind == "unit":
         return var
     if kind == "affine":
-        return f"{var} * {prefix}"
-    return f"{prefix}t[{var}]"
+        return f"{var} * s_{prefix}"
+    return f"t_{prefix}[{var}]"
 
 
 # --- BLAS from njit ----------------------------------------------------------------------
@@ -179,13 +182,40 @@ def _register_blas() -> None:
     for name in ("sgemm", "dgemm"):
         ll.add_symbol(f"formula_contract_{name}",
                       get_cython_function_address("scipy.linalg.cython_blas", name))
-    ll.add_symbol("formula_contract_local_threads", _local_threads_address())
     _blas_ready = True
 
 
-def _local_threads_address() -> int:
-    """``openblas_set_num_threads_local`` of the library behind scipy's cython_blas, or a
-    compiled no-op returning 1 when that BLAS has no such call (not OpenBLAS, or too old)."""
+class SingleThreadedBlas:
+    """Context manager: scipy's OpenBLAS runs on one thread while any of our kernels is
+    inside; the first entrant saves the caller's setting, the last one restores it. A no-op
+    when that BLAS has no ``openblas_set_num_threads_local`` (not OpenBLAS, or too old)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._saved = 0
+        self._set = _find_openblas_setter()
+
+    def __enter__(self):
+        if self._set is not None:
+            with self._lock:
+                if self._depth == 0:
+                    self._saved = self._set(1)
+                self._depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        if self._set is not None:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0 and self._saved > 1:
+                    self._set(self._saved)
+        return False
+
+
+def _find_openblas_setter():
+    """``openblas_set_num_threads_local`` (sets, returns the previous count) of the library
+    behind scipy's cython_blas, found through the address of its sgemm."""
     from numba.extending import get_cython_function_address
 
     class DlInfo(ctypes.Structure):
@@ -194,20 +224,24 @@ def _local_threads_address() -> int:
     try:
         addr = get_cython_function_address("scipy.linalg.cython_blas", "sgemm")
         info = DlInfo()
-        if ctypes.CDLL(None).dladdr(ctypes.c_void_p(addr), ctypes.byref(info)):
-            lib = ctypes.CDLL(info.fname.decode())
-            fn = getattr(lib, "openblas_set_num_threads_local", None)
-            if fn is not None:
-                return ctypes.cast(fn, ctypes.c_void_p).value
-    except OSError:
-        pass
-    from numba import cfunc, types
+        if not ctypes.CDLL(None).dladdr(ctypes.c_void_p(addr), ctypes.byref(info)):
+            return None
+        fn = getattr(ctypes.CDLL(info.fname.decode()), "openblas_set_num_threads_local", None)
+    except (OSError, AttributeError, ValueError):
+        return None
+    if fn is not None:
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
+    return fn
 
-    @cfunc(types.int32(types.int32))
-    def _noop(n):
-        return 1
-    _local_threads_address.noop = _noop  # keep the compiled callback alive
-    return _noop.address
+
+_single_blas: SingleThreadedBlas | None = None
+
+
+def single_threaded_blas() -> SingleThreadedBlas:
+    global _single_blas
+    if _single_blas is None:
+        _single_blas = SingleThreadedBlas()
+    return _single_blas
 
 
 def blas_operand(x3: np.ndarray) -> tuple[np.ndarray, int, int]:
@@ -242,14 +276,14 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     blas = "_sgemm" if dt == "float32" else "_dgemm"
     names = ["o"] + [f"x{j}" for j in range(len(extra_addr))]
     addrs = [out_addr] + list(extra_addr)
-    tables = [f"{nm}{g}t" for nm, ad in zip(names, addrs) for g, kind in zip("bmn", ad.kinds)
+    tables = [f"t_{nm}{g}" for nm, ad in zip(names, addrs) for g, kind in zip("bmn", ad.kinds)
               if kind == "table"]
     xs = [f"x{j}" for j in range(len(extra_addr))]
     params = ", ".join(["ints", "out"] + xs + tables + ["nwork"])
     L = [f'"""Generated by atoms._gemm: contract anchor {label}."""',
          "import math", "import numpy as np",
          "from numba import njit, prange",
-         "from atoms._gemm import ext_sgemm as _sgemm, ext_dgemm as _dgemm, ext_local_threads as _threads",
+         "from atoms._gemm import ext_sgemm as _sgemm, ext_dgemm as _dgemm",
          "",
          f"@njit(cache=True, parallel={parallel}, nogil=True, error_model='numpy')",
          f"def kernel({params}):",
@@ -261,11 +295,10 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     for a, (nm, ad) in enumerate(zip(names, addrs)):
         for g, kind in enumerate(ad.kinds):
             if kind == "affine":
-                L.append(f"    {nm}{'bmn'[g]} = ints[{_I_ADDR + 3 * a + g}]")
+                L.append(f"    s_{nm}{'bmn'[g]} = ints[{_I_ADDR + 3 * a + g}]")
     L += ["    ntm = (m + tm - 1) // tm",
           "    ntiles = nb * ntm",
           f"    for w in {'prange' if parallel else 'range'}(nwork):",
-          "        prev = _threads(1)",  # this worker's BLAS calls stay on this thread
           f"        scratch = np.empty(tm * n, np.{dt})",
           "        prm = np.empty(8, np.int32)",
           "        prm[0] = n", "        prm[2] = k", f"        prm[3] = ints[{_I_LDB}]",
@@ -301,7 +334,6 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     lines, result = epilogue.emit("acc", reads, indent="                    ")
     L += lines
     L.append(f"                    out[orow + {index_code('on', addrs[0].kinds[2], 'j')}] = {result}")
-    L.append("        _threads(prev)")
     return "\n".join(L) + "\n"
 
 
@@ -311,11 +343,10 @@ def _declare_externals():
     i64 = types.int64
     gemm = types.void(*([i64] * 13))
     return (types.ExternalFunction("formula_contract_sgemm", gemm),
-            types.ExternalFunction("formula_contract_dgemm", gemm),
-            types.ExternalFunction("formula_contract_local_threads", types.int32(types.int32)))
+            types.ExternalFunction("formula_contract_dgemm", gemm))
 
 
-ext_sgemm, ext_dgemm, ext_local_threads = _declare_externals()
+ext_sgemm, ext_dgemm = _declare_externals()
 
 
 def _compact_host(x: np.ndarray, t: TensorType, out_type: TensorType) -> np.ndarray:
@@ -370,6 +401,8 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
     kernel = load_generated(_cpu_source(label, dt, out_addr, extra_addr, epilogue, parallel),
                             "contract_cpu").kernel
     extra_types = epilogue.extra_types
+    # OpenBLAS threads a call above 4*65536 multiply-adds (interface/gemm.c): keep it on ours
+    guard = single_threaded_blas() if (parallel or tm * n * k > 4 * 65536) else None
     shape_l, shape_r = (nb, m, k), (nb, k, n)
 
     def run(inputs: Sequence[np.ndarray], extras: Sequence[np.ndarray], out: np.ndarray) -> None:
@@ -379,7 +412,11 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
         args[[_I_LDA, _I_LDB, _I_TA, _I_TB, _I_SAB, _I_SBB, _I_PA, _I_PB]] = (
             lda, ldb, ta, tb, batch_stride(a3), batch_stride(b3), a3.ctypes.data, b3.ctypes.data)
         xs = [_compact_host(x, t, out_type) for x, t in zip(extras, extra_types)]
-        kernel(args, out.reshape(-1), *xs, *tables, nwork)
+        if guard is None:
+            kernel(args, out.reshape(-1), *xs, *tables, nwork)
+        else:
+            with guard:
+                kernel(args, out.reshape(-1), *xs, *tables, nwork)
     return run
 
 

@@ -1,0 +1,327 @@
+"""contract: infer rules and error paths, the einsum reference against hand-computed values,
+the cpu kernel and anchor (BLAS tiles + fused epilogue) and the cuda kernel (simulator)
+against the reference."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from atoms import _gemm
+from atoms.contract import SPECS
+from runtime.atomspec import ScalarOp, bind_node
+from runtime.errors import FormulaError
+from runtime.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
+from runtime.layout import align_to
+from runtime.types import TensorType
+
+CONTRACT = SPECS[0]
+P = "$.instructions[0]"
+
+
+def T(axes, sizes, dtype="float32", domain="d"):
+    return TensorType(tuple(axes), tuple(sizes), dtype, domain)
+
+
+def attrs(pairs, out, acc="float32"):
+    return {"reduce_axes": [list(p) for p in pairs], "output_axes": list(out), "accumulation_dtype": acc}
+
+
+def bind(pairs, out, lt, rt, acc="float32"):
+    return bind_node(CONTRACT, attrs(pairs, out, acc), [lt, rt])
+
+
+def reference(node, *inputs):
+    out = np.empty(node.output_type.shape, inputs[0].dtype)
+    CONTRACT.kernels["reference"](node)(list(inputs), out)
+    return out
+
+
+def error(attributes, lt, rt):
+    with pytest.raises(FormulaError) as info:
+        bind_node(CONTRACT, attributes, [lt, rt])
+    return info.value
+
+
+# --- infer -------------------------------------------------------------------------------
+
+L, R = T("ik", (2, 3)), T("kj", (3, 4))
+
+
+def test_infer_matmul_and_symbolic_sizes():
+    assert bind([("k", "k")], "ij", L, R).output_type == T("ij", (2, 4))
+    node = bind([("D", "D")], "BSR", T("BSD", ("B", "S", 1024)), T("RD", (32, "D")))
+    assert node.output_type.sizes == ("B", "S", 32)
+    assert bind([("k", "k")], "ji", L, R).output_type == T("ji", (4, 2))
+
+
+@pytest.mark.parametrize("attributes, path, words", [
+    (attrs([], "ij"), ".reduce_axes", "non-empty"),
+    ({**attrs([], "ij"), "reduce_axes": "k"}, ".reduce_axes", "string 'k'"),
+    ({**attrs([], "ij"), "reduce_axes": [["k"]]}, ".reduce_axes[0]", "pair"),
+    ({**attrs([], "ij"), "reduce_axes": [["k", 3]]}, ".reduce_axes[0][1]", "axis name"),
+    (attrs([("x", "k")], "ij"), ".reduce_axes[0][0]", "left has no axis 'x'"),
+    (attrs([("k", "j")], "ij"), ".reduce_axes[0][0]", "alias"),
+    (attrs([("k", "k"), ("k", "j")], "i"), ".reduce_axes[1][0]", "already reduced by reduce_axes[0]"),
+    (attrs([("i", "j"), ("k", "j")], ""), ".reduce_axes[1][1]", "already reduced"),
+    (attrs([("k", "k")], "ik"), ".output_axes", "permutation"),
+    (attrs([("k", "k")], "iij"), ".output_axes", "repeat"),
+    ({**attrs([("k", "k")], "ij"), "output_axes": "ij"}, ".output_axes", "list"),
+    (attrs([("k", "k")], "ij", "float16"), ".accumulation_dtype", "'float16'"),
+])
+def test_attribute_errors(attributes, path, words):
+    e = error(attributes, L, R)
+    assert (e.code, e.path) == ("atom_attributes", P + ".attributes" + path)
+    assert words in e.message
+
+
+def test_aliasing_pair_rejected_on_both_sides():
+    # left i against right k, but left keeps k: output would hold two axes named k
+    e = error(attrs([("i", "k")], "kj"), L, R)
+    assert e.path == P + ".attributes.reduce_axes[0][1]" and "alias" in e.message
+    # left k against right x while right keeps an axis k
+    e = error(attrs([("k", "x")], "ikj"), L, T("xk", (3, 5)))
+    assert e.path == P + ".attributes.reduce_axes[0][0]"
+    # crossed pairs reduce both names on both sides: fine
+    node = bind([("i", "k"), ("k", "i")], "", T("ik", (2, 3)), T("ki", (2, 3)))
+    assert node.output_type.axes == ()
+
+
+@pytest.mark.parametrize("lt, rt, words", [
+    (T("ik", (2, 3)), T("kj", (5, 4)), "reduced pair"),
+    (T("bik", (2, 2, 3)), T("bkj", (3, 3, 4)), "batch axis 'b'"),
+    (T("ik", (2, 3)), T("kj", (3, 4), "float64"), "float64"),
+    (T("ik", (2, 3)), T("kj", (3, 4), domain="other"), "domain"),
+    (T("ik", (2, 3), "boolean"), T("kj", (3, 4), "boolean"), "numeric"),
+])
+def test_type_mismatch(lt, rt, words):
+    out = [a for a in lt.axes if a != "k"] + [a for a in rt.axes if a != "k" and a not in lt.axes]
+    e = error(attrs([("k", "k")], out), lt, rt)
+    assert e.code == "type_mismatch" and e.path.startswith(P + ".input_slots[")
+    assert words in e.message
+
+
+def test_symbolic_extents_checked_only_when_static():
+    bind([("k", "k")], "ij", T("ik", (2, "K")), T("kj", (3, 4)))  # may match at run time
+    bind([("k", "k")], "ij", T("ik", (2, "K")), T("kj", ("M", 4)))
+    with pytest.raises(FormulaError) as info:
+        bind([("k", "k")], "ij", T("ik", (2, 3)), T("kj", (4, 4)))
+    assert info.value.code == "type_mismatch"
+
+
+# --- reference vs hand-computed -------------------------------------------------------------
+
+def test_reference_matmul_by_hand():
+    a = np.array([[1, 2, 3], [4, 5, 6]], np.float32)
+    b = np.array([[1, 0], [0, 1], [1, 1]], np.float32)
+    node = bind([("k", "k")], "ij", T("ik", (2, 3)), T("kj", (3, 2)))
+    np.testing.assert_array_equal(reference(node, a, b), [[4, 5], [10, 11]])
+    node = bind([("k", "k")], "ji", T("ik", (2, 3)), T("kj", (3, 2)))
+    np.testing.assert_array_equal(reference(node, a, b), [[4, 10], [5, 11]])
+
+
+def test_reference_batch_axis_and_differently_named_pairs():
+    a = np.array([[[1, 2]], [[3, 4]]], np.float64)  # b=2, i=1, k=2
+    b = np.array([[10, 20], [30, 40]], np.float64)  # r (reduced with k) = 2, b = 2
+    node = bind([("k", "r")], "bi", T("bik", (2, 1, 2), "float64"), T("rb", (2, 2), "float64"))
+    # out[b, i] = sum_k a[b, i, k] * b[k, b]
+    expected = [[1 * 10 + 2 * 30], [3 * 20 + 4 * 40]]
+    got = reference(node, a, b)
+    assert got.dtype == np.float64 and node.output_type.axes == ("b", "i")
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_reference_two_reduced_pairs_and_full_contraction():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.arange(6, dtype=np.float32).reshape(3, 2)
+    node = bind([("p", "q"), ("s", "t")], "", T("ps", (2, 3)), T("tq", (3, 2)))
+    assert node.output_type.shape == ()
+    assert reference(node, a, b) == sum(a[p, s] * b[s, p] for p in range(2) for s in range(3))
+    node = bind([("s", "s")], "pq", T("ps", (2, 3)), T("sq", (3, 2)))  # an outer-free matmul
+    np.testing.assert_array_equal(reference(node, a, b), a @ b)
+
+
+def test_reference_size_one_axes_and_outer_product():
+    a = np.array([[2.0]], np.float32)
+    b = np.array([[3.0, 4.0]], np.float32)
+    node = bind([("k", "k")], "jik", T("ik", (1, 1)), T("kj", (1, 2))) if False else \
+        bind([("k", "k")], "ji", T("ik", (1, 1)), T("kj", (1, 2)))
+    np.testing.assert_array_equal(reference(node, a, b), [[6.0], [8.0]])
+
+
+def test_reference_accumulates_in_float32_for_float16():
+    a = np.full((1, 4096), 1.0, np.float16)
+    b = np.full((4096, 1), 1.0, np.float16)
+    node = bind([("k", "k")], "ij", T("ik", (1, 4096), "float16"), T("kj", (4096, 1), "float16"))
+    got = reference(node, a, b)
+    assert got.dtype == np.float16 and got[0, 0] == 4096  # float16 alone would stall at 2048
+
+
+# --- cpu / cuda vs reference ------------------------------------------------------------
+
+def random_array(rng, t: TensorType):
+    return rng.standard_normal(t.shape).astype(t.dtype)
+
+
+def strided_copy(rng, x):
+    """The same values held in a non-contiguous, read-only view (Fortran or reversed)."""
+    if x.ndim >= 2 and rng.random() < 0.5:
+        y = np.asfortranarray(x)
+    else:
+        big = np.empty(x.shape[:-1] + (2 * x.shape[-1],), x.dtype) if x.ndim else np.empty((), x.dtype)
+        if x.ndim:
+            big[..., ::2] = x
+            y = big[..., ::2]
+        else:
+            big[...] = x
+            y = big
+    y.flags.writeable = False
+    return y
+
+
+@st.composite
+def layouts(draw):
+    """A contraction with every role possibly present: batch, M, N and reduced axes, random
+    axis orders, differently named reduced pairs."""
+    ext = st.integers(1, 5)
+    nbatch, nm, nn, nk = (draw(st.integers(lo, 2)) for lo in (0, 0, 0, 1))
+    batch = [(f"b{i}", draw(ext)) for i in range(nbatch)]
+    m = [(f"m{i}", draw(ext)) for i in range(nm)]
+    n = [(f"n{i}", draw(ext)) for i in range(nn)]
+    k = [(f"k{i}", draw(ext)) for i in range(nk)]
+    renamed = [draw(st.booleans()) for _ in k]
+    left = draw(st.permutations(batch + m + k))
+    right = draw(st.permutations(batch + [(f"r{i}" if rn else a, e) for i, ((a, e), rn) in
+                                          enumerate(zip(k, renamed))] + n))
+    pairs = [(a, f"r{i}" if rn else a) for i, ((a, _), rn) in enumerate(zip(k, renamed))]
+    natural = [a for a, _ in left if not a.startswith("k")] + [a for a, _ in n]
+    out = draw(st.permutations(natural))
+    lt = T([a for a, _ in left], [e for _, e in left])
+    rt = T([a for a, _ in right], [e for _, e in right])
+    return pairs, out, lt, rt
+
+
+def close(got, want, k, dtype=np.float32):
+    tol = (1e-5 if dtype == np.float32 else 1e-12) * max(1, k) * 4
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layout=layouts(), seed=st.integers(0, 2**16))
+def test_cpu_matches_reference(layout, seed):
+    pairs, out, lt, rt = layout
+    node = bind(pairs, out, lt, rt)
+    rng = np.random.default_rng(seed)
+    a, b = random_array(rng, lt), random_array(rng, rt)
+    want = reference(node, a, b)
+    a2, b2 = strided_copy(rng, a), strided_copy(rng, b)
+    got = np.full(node.output_type.shape, np.nan, np.float32)
+    CONTRACT.kernels["cpu"](node)([a2, b2], got)
+    close(got, want, _gemm.lower(lt, rt, pairs).dims[3])
+    np.testing.assert_array_equal(a2, a)
+
+
+def epilogue_for(node, factor_type):
+    """v -> v * factor (broadcast) -> base + v: the seed's second group."""
+    steps = (EpilogueStep(node, ScalarOp("({0} * {1})"), (CHAIN, 0)),
+             EpilogueStep(node, ScalarOp("({0} + {1})"), (1, CHAIN)))
+    return Epilogue(steps, ("factor", "base"), (factor_type, node.output_type))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layout=layouts(), seed=st.integers(0, 2**16), data=st.data())
+def test_cpu_anchor_with_epilogue_matches_reference(layout, seed, data):
+    pairs, out, lt, rt = layout
+    node = bind(pairs, out, lt, rt)
+    ot = node.output_type
+    kept = [a for a in ot.axes if data.draw(st.booleans())]  # factor over a subset of axes
+    ft = T(kept, [ot.size_of(a) for a in kept])
+    rng = np.random.default_rng(seed)
+    a, b = random_array(rng, lt), random_array(rng, rt)
+    factor, base = random_array(rng, ft), random_array(rng, ot)
+    want = base + reference(node, a, b) * align_to(factor, ft, ot)
+    run = CONTRACT.anchors["cpu"](node, epilogue_for(node, ft))
+    got = np.full(ot.shape, np.nan, np.float32)
+    run([a, b], [align_to(factor, ft, ot), align_to(base, ot, ot)], got)
+    close(got, want, _gemm.lower(lt, rt, pairs).dims[3])
+
+
+def test_cpu_seed_group_parallel_path_and_blas_threads_restored():
+    from threadpoolctl import threadpool_info
+
+    def scipy_threads():
+        return [p["num_threads"] for p in threadpool_info() if "scipy.libs" in p["filepath"]]
+    before = scipy_threads()
+    node = bind([("D", "D")], "BSR", T(("B", "S", "D"), (2, 256, 64)), T("RD", (96, 64)))
+    assert 2 * 256 * 96 * 64 >= _gemm.PARALLEL_MIN_MACS
+    silu = Epilogue((EpilogueStep(node, ScalarOp("({0} / (1.0 + math.exp(-{0})))"), (CHAIN,)),), (), ())
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 256, 64)).astype(np.float32), rng.standard_normal((96, 64)).astype(np.float32)
+    got = np.empty((2, 256, 96), np.float32)
+    CONTRACT.anchors["cpu"](node, silu)([x, w], [], got)
+    v = reference(node, x, w)
+    close(got, v / (1 + np.exp(-v)), 64)
+    assert scipy_threads() == before
+
+
+def test_cpu_float64_and_unsupported_dtypes():
+    node = bind([("k", "k")], "ji", T("ik", (3, 4), "float64"), T("kj", (4, 2), "float64"), "activation")
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 2))
+    got = np.empty((2, 3))
+    CONTRACT.kernels["cpu"](node)([a, b], got)
+    close(got, (a @ b).T, 4, np.float64)
+    half = bind([("k", "k")], "ij", T("ik", (3, 4), "float16"), T("kj", (4, 2), "float16"))
+    for backend in ("cpu", "cuda"):
+        with pytest.raises(FormulaError) as info:
+            CONTRACT.kernels[backend](half)
+        assert info.value.code == "backend_unavailable" and "float16" in info.value.message
+
+
+def test_cpu_small_call_and_full_contraction():
+    node = bind([("k", "k")], "", T("k", (7,)), T("k", (7,)))
+    a, b = np.arange(7, dtype=np.float32), np.ones(7, np.float32)
+    got = np.empty((), np.float32)
+    CONTRACT.kernels["cpu"](node)([a, b], got)
+    assert got == 21
+
+
+CUDA_CASES = [  # (pairs, out, left, right, epilogue?) — grids of at most a few hundred threads
+    ([("D", "D")], "BSR", T(("B", "S", "D"), (1, 5, 20)), T("RD", (3, 20)), True),
+    ([("k", "r")], "jbi", T("bik", (2, 3, 4)), T("jrb", (5, 4, 2)), True),
+    ([("k", "k")], "ij", T("ik", (4, 17), "float64"), T("kj", (17, 3), "float64"), False),
+]
+
+
+@pytest.mark.parametrize("pairs, out, lt, rt, fused", CUDA_CASES)
+def test_cuda_matches_reference(pairs, out, lt, rt, fused):
+    from numba import cuda
+
+    node = bind(pairs, out, lt, rt)
+    ot = node.output_type
+    dt = np.dtype(lt.dtype)
+    rng = np.random.default_rng(3)
+    a, b = random_array(rng, lt), random_array(rng, rt)
+    want = reference(node, a, b)
+    dout = cuda.device_array(ot.shape, dt)
+    if fused:
+        ft = T(ot.axes[-1:], ot.sizes[-1:])
+        factor, base = random_array(rng, ft), random_array(rng, ot)
+        want = base + want * align_to(factor, ft, ot)
+        keep = factor.reshape([1] * (ot.rank - 1) + [ot.sizes[-1]])
+        run = CONTRACT.anchors["cuda"](node, epilogue_for(node, ft))
+        run([cuda.to_device(a), cuda.to_device(b)], [cuda.to_device(keep), cuda.to_device(base)], dout)
+    else:
+        CONTRACT.kernels["cuda"](node)([cuda.to_device(a), cuda.to_device(b)], dout)
+    close(dout.copy_to_host(), want, _gemm.lower(lt, rt, pairs).dims[3], dt.type)
+
+
+def test_empty_epilogue_anchor_equals_plain_kernel():
+    node = bind([("k", "k")], "ij", L, R)
+    rng = np.random.default_rng(4)
+    a, b = random_array(rng, L), random_array(rng, R)
+    x, y = np.empty((2, 4), np.float32), np.empty((2, 4), np.float32)
+    CONTRACT.anchors["cpu"](node, EMPTY_EPILOGUE)([a, b], [], x)
+    CONTRACT.kernels["cpu"](node)([a, b], y)
+    np.testing.assert_array_equal(x, y)
