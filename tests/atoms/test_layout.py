@@ -287,7 +287,7 @@ def layout_cases(draw, dtypes=DTYPES):
 def laid_out(draw, x: np.ndarray):
     """``x`` as a caller might pass it: C, Fortran, a negative-stride or strided view, read-only."""
     kind = draw(st.sampled_from(["c", "fortran", "reversed", "strided", "broadcast"]))
-    if kind == "fortran":
+    if kind == "fortran" and x.ndim:
         y = np.asfortranarray(x)
     elif kind == "reversed" and x.ndim:
         y = np.flip(np.flip(x, 0).copy(), 0)
