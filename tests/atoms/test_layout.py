@@ -52,10 +52,10 @@ def values_of(t: TensorType, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     shape = t.shape
     if t.dtype == "boolean":
-        return rng.random(shape) < 0.5
+        return np.asarray(rng.random(shape) < 0.5)
     if t.dtype == "int64":
-        return rng.integers(-50, 50, shape).astype(np.int64)
-    return rng.standard_normal(shape).astype(numpy_dtype(t.dtype))
+        return np.asarray(rng.integers(-50, 50, shape), dtype=np.int64)
+    return np.asarray(rng.standard_normal(shape), dtype=numpy_dtype(t.dtype))
 
 
 # --- infer ------------------------------------------------------------------------------------
