@@ -145,8 +145,7 @@ def test_reference_two_reduced_pairs_and_full_contraction():
 def test_reference_size_one_axes_and_outer_product():
     a = np.array([[2.0]], np.float32)
     b = np.array([[3.0, 4.0]], np.float32)
-    node = bind([("k", "k")], "jik", T("ik", (1, 1)), T("kj", (1, 2))) if False else \
-        bind([("k", "k")], "ji", T("ik", (1, 1)), T("kj", (1, 2)))
+    node = bind([("k", "k")], "ji", T("ik", (1, 1)), T("kj", (1, 2)))
     np.testing.assert_array_equal(reference(node, a, b), [[6.0], [8.0]])
 
 
