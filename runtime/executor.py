@@ -46,7 +46,8 @@ class Result(Mapping):
         return len(self._values)
 
     def __repr__(self) -> str:
-        return f"Result({', '.join(f'{k}: {getattr(v, 'shape', ())}' for k, v in self._values.items())})"
+        parts = [f"{k}: {getattr(v, 'shape', ())}" for k, v in self._values.items()]
+        return f"Result({', '.join(parts)})"
 
 
 @attrs.define

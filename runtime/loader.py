@@ -42,7 +42,7 @@ def read_source(src: Any) -> Any:
         path = Path(src)
         try:
             text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
             fail("schema", "$", f"cannot read program file {str(path)!r}: {exc}")
         return _parse_json(text, f"file {str(path)!r}")
     if isinstance(src, str):
@@ -91,7 +91,7 @@ def array(value: Any, path: str, what: str) -> list[Any]:
 
 
 def name(value: Any, path: str, what: str, pattern: re.Pattern = BINDING_NAME_RE) -> str:
-    string(value, path, what)
+    string(value, path, what, empty_ok=True)
     if not pattern.match(value):
         fail("invalid_name", path, f"{what} {value!r} does not match {pattern.pattern}")
     return value
