@@ -1,0 +1,85 @@
+"""scalar-map-ext: activations the built-in ``scalar-map`` lacks, fusable as epilogues.
+
+    gelu-tanh: 0.5·z·(1 + tanh(√(2/π)·(z + 0.044715·z³)))   (the tanh approximation of GELU)
+    softplus:  log(1 + eʸ), evaluated stably as log1p(e^-|z|) + max(z, 0)
+
+Declaring ``elementwise=`` hands the planner a scalar expression per mode, so a chain such as
+``contract → scalar-map-ext → scale`` becomes one kernel; the per-backend kernels below run
+the atom when it is not fused (the reference backend never fuses).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.atomspec import AtomSpec, InferContext, Node, ScalarOp
+from runtime.types import TensorType
+
+from ._common import kernel_dtype, launch_config, readonly_c
+from ._refs import refs_for
+
+_C = "0.7978845608028654"  # sqrt(2 / pi), spelled out so the expression is self-contained
+
+# `{0}` is one element of the operand (a plain name); valid Python, njit and cuda device code.
+EXPRESSIONS = {
+    "gelu-tanh": f"0.5 * {{0}} * (1.0 + math.tanh({_C} * ({{0}} + 0.044715 * {{0}} * {{0}} * {{0}})))",
+    "softplus": "math.log1p(math.exp(-abs({0}))) + ({0} if {0} > 0.0 else 0.0)",
+}
+MODES = tuple(EXPRESSIONS)
+
+
+def infer_scalar_map_ext(ctx: InferContext) -> TensorType:
+    ctx.attr_str("mode", MODES)
+    ctx.require_dtype(0, "floating")
+    t = ctx.operands[0]
+    return ctx.output(t.axes, t.sizes)
+
+
+def _elementwise(node: Node) -> ScalarOp:
+    return ScalarOp(EXPRESSIONS[node.attributes["mode"]])
+
+
+def _reference_values(mode: str, x: np.ndarray) -> np.ndarray:
+    """The oracle, in the operand dtype (Python float constants are weak under NEP 50)."""
+    if mode == "gelu-tanh":
+        return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    return np.log1p(np.exp(-np.abs(x))) + np.maximum(x, 0.0)
+
+
+def _reference(node: Node):
+    mode = node.attributes["mode"]
+
+    def run(inputs, out):
+        out[...] = _reference_values(mode, np.asarray(inputs[0]))
+    return run
+
+
+def _cpu(node: Node):
+    from . import _cpu
+
+    kernel_dtype(node, "cpu")
+    kernel = _cpu.ACTIVATIONS[node.attributes["mode"]]
+
+    def run(inputs, out):
+        kernel(readonly_c(inputs[0]).reshape(-1), out.reshape(-1))
+    return run
+
+
+def _cuda(node: Node):
+    kernel_dtype(node, "cuda")
+    from . import _cuda
+
+    kernel = _cuda.ACTIVATIONS[node.attributes["mode"]]
+    n = node.output_type.elements
+    blocks, threads = launch_config(n)
+
+    def run(inputs, out):
+        kernel[blocks, threads](inputs[0].reshape(n), out.reshape(n))
+    return run
+
+
+SPECS = [AtomSpec(
+    name="scalar-map-ext", refs=refs_for("scalar-map-ext"), inputs=("value",),
+    attributes=frozenset({"mode"}), infer=infer_scalar_map_ext,
+    kernels={"reference": _reference, "cpu": _cpu, "cuda": _cuda},
+    elementwise=_elementwise, inplace=0,
+    summary="elementwise gelu-tanh | softplus; fusable as an epilogue")]
