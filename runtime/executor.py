@@ -131,7 +131,9 @@ class Executable:
             binding_types[b.name] = t
         nodes, dims, types = resolve_nodes(program, self.specs, binding_types, dims)
         plan = make_plan(nodes, binding_types, program.outputs, program.limits, dims,
-                         backend=self.backend.name, fuse=self.backend.fuses)
+                         backend=self.backend.name, fuse=self.backend.fuses,
+                         slot_index={s.slot_id: i for i, s in enumerate(program.slots)},
+                         binding_kinds={b.name: b.kind for b in program.bindings})
         binding_slots = set(binding_types)
         launches, upfront = [], []
         for group in plan.groups:
