@@ -145,11 +145,10 @@ masked_softmax = AtomCase(
 V, DE, NT = 8192, 256, 4096
 lookup = AtomCase(
     "lookup-rows",
-    _one("lookup", {"ids": {"T": NT}}, {"table_axis": "V", "output_axes": ["T", "D"]}, {"T": NT, "D": DE},
-         banks={"table": {"V": V, "D": DE}}, dtypes={"ids": "int64"}),
-    lambda rng: {"inputs": {"ids": rng.integers(0, V, NT, dtype=np.int64)},
-                 "banks": {"table": _normal(rng, (V, DE))}},
-    lambda v: (lambda t=v["banks"]["table"], i=v["inputs"]["ids"]: np.take(t, i, axis=0)))
+    _one("lookup", {"table": {"V": V, "D": DE}, "ids": {"T": NT}}, {"table_axis": "V", "output_axes": ["T", "D"]},
+         {"T": NT, "D": DE}, dtypes={"ids": "int64"}),
+    lambda rng: _inputs(table=_normal(rng, (V, DE)), ids=rng.integers(0, V, NT, dtype=np.int64)),
+    lambda v: (lambda t=v["inputs"]["table"], i=v["inputs"]["ids"]: np.take(t, i, axis=0)))
 
 GJ = 64
 gather = AtomCase(

@@ -188,7 +188,8 @@ def test_mutated_inputs_raise_only_formula_errors(data):
         elif op == "shape":
             arr = np.asarray(current)
             target[name] = data.draw(st.sampled_from(
-                [arr.reshape(-1), arr[None], arr[..., :1], np.zeros((3,) + arr.shape[1:], arr.dtype)]))
+                [arr.reshape(-1), arr[None], np.zeros((3,) + arr.shape[1:], arr.dtype)]
+                + ([arr[..., :1]] if arr.ndim else [])))
         elif op == "nan":
             arr = np.array(current, dtype=np.float32, copy=True)
             arr.flat[0] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]))
