@@ -1,0 +1,107 @@
+"""`formula atoms` / `formula plugins` data and text, on registries built for the test."""
+from __future__ import annotations
+
+from runtime import diagnostics
+from runtime.atomspec import AtomSpec
+from runtime.hookspecs import hookimpl
+from runtime.registry import PluginInfo, PluginProblem, Registry
+
+
+def _infer(ctx):
+    return ctx.operands[0]
+
+
+def _kernel(node):
+    return lambda inputs, out: None
+
+
+class PartialPlugin:
+    """Two atoms: one with cpu and a backend nobody registered, one reference-only alias pair."""
+
+    @hookimpl
+    def formula_register_atoms(self, register):
+        register(AtomSpec(name="twice", refs=("diag-test/formula-atom-twice@1",
+                                               "diag-test/formula-atom-twice@2"),
+                          inputs=("value",), attributes=frozenset(), infer=_infer,
+                          kernels={"reference": _kernel, "cpu": _kernel, "rocm": _kernel},
+                          elementwise=lambda node: None, inplace=0, summary="2x"))
+        register(AtomSpec(name="only-ref", refs=("diag-test/formula-atom-only-ref@1",),
+                          inputs=("a", "b"), attributes=frozenset({"k"}), infer=_infer,
+                          kernels={"reference": _kernel}, anchors={"cpu": _kernel},
+                          check_values=lambda node, arrays: None, checked_inputs=(1,)))
+
+
+def _registry() -> Registry:
+    registry = Registry(autoload=False, builtins=("runtime.backends",))
+    registry.register(PartialPlugin(), PluginInfo("partial", "diag-dist", "3.1"))
+    registry.problems.append(PluginProblem("busted (busted-dist 0.2)", "import failed: ImportError: nope"))
+    return registry
+
+
+def test_atoms_table_rows():
+    rows = {r["reference"]: r for r in diagnostics.atoms_table(_registry())}
+    assert set(rows) == {"diag-test/formula-atom-twice@1", "diag-test/formula-atom-twice@2",
+                         "diag-test/formula-atom-only-ref@1"}
+    twice = rows["diag-test/formula-atom-twice@1"]
+    assert twice["alias_of"] is None and rows["diag-test/formula-atom-twice@2"]["alias_of"] == \
+        "diag-test/formula-atom-twice@1"
+    assert (twice["plugin"], twice["distribution"], twice["version"]) == ("partial", "diag-dist", "3.1")
+    assert twice["backends"] == ["reference", "cpu", "rocm"]
+    assert twice["elementwise"] and twice["inplace"] == 0 and not twice["value_checks"]
+    only = rows["diag-test/formula-atom-only-ref@1"]
+    assert only["backends"] == ["reference"] and only["anchor_backends"] == ["cpu"]
+    assert only["value_checks"] and only["attributes"] == ["k"] and only["inputs"] == ["a", "b"]
+
+
+def test_format_atoms_text():
+    text = diagnostics.format_atoms(diagnostics.atoms_table(_registry()))
+    lines = text.splitlines()
+    assert lines[0].split() == ["REFERENCE", "ATOM", "PROVIDED", "BY", "KERNELS", "TRAITS"]
+    row = next(line for line in lines if line.startswith("diag-test/formula-atom-twice@2"))
+    assert "twice (alias)" in row and "diag-dist 3.1" in row and "reference, cpu, rocm" in row
+    assert "elementwise (fusable)" in row and "in-place on value" in row
+    row = next(line for line in lines if line.startswith("diag-test/formula-atom-only-ref@1"))
+    assert "anchor (cpu)" in row and "value checks" in row
+    assert lines[-1] == "3 references, 2 atoms"
+    assert "no atoms" in diagnostics.format_atoms([])
+
+
+def test_plugins_report_rows():
+    rows = {r["name"]: r for r in diagnostics.plugins_report(_registry())}
+    assert set(rows) == {"runtime.backends", "partial", "busted (busted-dist 0.2)"}
+    backends = rows["runtime.backends"]
+    assert backends["backends"] == ["reference", "cpu", "cuda"] and backends["atoms"] == []
+    assert backends["hooks"] == ["formula_register_backends"]
+    partial = rows["partial"]
+    assert partial["status"] == "loaded" and partial["hooks"] == ["formula_register_atoms"]
+    assert partial["atoms"] == ["only-ref", "twice"] and len(partial["references"]) == 3
+    k = partial["kernels"]
+    assert list(k) == ["reference", "cpu", "cuda", "rocm"]
+    assert k["reference"]["implemented"] == ["only-ref", "twice"]
+    assert k["cpu"] == {"implemented": ["twice"], "missing": ["only-ref"], "registered_backend": True}
+    assert k["cuda"]["missing"] == ["only-ref", "twice"]
+    assert k["rocm"]["registered_backend"] is False
+    assert partial["elementwise"] == ["twice"] and partial["anchors"] == {"only-ref": ["cpu"]}
+    busted = rows["busted (busted-dist 0.2)"]
+    assert busted["status"] == "failed" and busted["error"] == "import failed: ImportError: nope"
+
+
+def test_format_plugins_text():
+    text = diagnostics.format_plugins(diagnostics.plugins_report(_registry()))
+    assert "partial  (diag-dist 3.1)" in text
+    assert "kernels     reference 2/2, cpu 1/2, cuda 0/2, rocm 1/2 (no such backend registered)" in text
+    assert "no cpu kernel: only-ref" in text and "no cuda kernel: only-ref, twice" in text
+    assert "fusion      elementwise: twice; anchors: only-ref (cpu)" in text
+    assert "busted (busted-dist 0.2)  FAILED\n  error       import failed: ImportError: nope" in text
+    assert text.endswith("2 plugins loaded, 1 failed to load")
+
+
+def test_cli_commands_print_the_reports(capsys):
+    from runtime.cli import main
+
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "atoms  (formula-runtime" in out and "runtime.backends" in out
+    assert main(["atoms"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("REFERENCE") and "arti/formula-atom-contract@1" in out
