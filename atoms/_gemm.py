@@ -166,6 +166,18 @@ def index_code(prefix: str, kind: str, var: str) -> str:
     return f"t_{prefix}[{var}]"
 
 
+def uindex_code(prefix: str, kind: str, var: str) -> str:
+    """``index_code`` for an unsigned (uint64) index ``var``: every term stays unsigned, since
+    mixing int64 and uint64 in Numba yields float64."""
+    if kind == "zero":
+        return "np.uint64(0)"
+    if kind == "unit":
+        return var
+    if kind == "affine":
+        return f"{var} * np.uint64(s_{prefix})"
+    return f"np.uint64(t_{prefix}[{var}])"
+
+
 # --- BLAS from njit ----------------------------------------------------------------------
 
 _blas_ready = False
@@ -318,18 +330,18 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
           "            bi = t // ntm",
           "            i0 = (t - bi * ntm) * tm",
           "            rows = min(tm, m - i0)",
-          "            prm[1] = rows",
-          "            arow = i0 if ta else i0 * lda",
-          "            if rows <= %d:" % GEMV_ROWS,  # gemm would pack all of B for a few rows
-          "                for i in range(rows):",
-          "                    arow = (i0 + i) if ta else (i0 + i) * lda",
-          f"                    {gemv}(pch, pprm + (8 if tb else 0), pprm + (0 if tb else 8), psc,",
-          f"                           pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item},",
-          f"                           pprm + 24, psc + {item}, pscr + i * n * {item}, pprm + 28)",
-          "            else:",
-          f"                {blas}(pch, pch + 1, pprm, pprm + 4, pprm + 8, psc,",
-          f"                       pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item}, pprm + 16,",
-          f"                       psc + {item}, pscr, pprm + 20)"]
+          "            prm[1] = rows"]
+    L += ["            arow = i0 if ta else i0 * lda",
+              "            if rows <= %d:" % GEMV_ROWS,  # gemm would pack all of B for a few rows
+              "                for i in range(rows):",
+              "                    arow = (i0 + i) if ta else (i0 + i) * lda",
+              f"                    {gemv}(pch, pprm + (8 if tb else 0), pprm + (0 if tb else 8), psc,",
+              f"                           pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item},",
+              f"                           pprm + 24, psc + {item}, pscr + i * n * {item}, pprm + 28)",
+              "            else:",
+              f"                {blas}(pch, pch + 1, pprm, pprm + 4, pprm + 8, psc,",
+              f"                       pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item}, pprm + 16,",
+              f"                       psc + {item}, pscr, pprm + 20)"]
     L.append("            ob = " + index_code("ob", addrs[0].kinds[0], "bi"))
     for j, ad in enumerate(extra_addr):
         L.append(f"            x{j}b = " + index_code(f"x{j}b", ad.kinds[0], "bi"))
@@ -338,13 +350,15 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
           "                orow = ob + " + index_code("om", addrs[0].kinds[1], "ii"),
           "                srow = i * n"]
     for j, ad in enumerate(extra_addr):
-        L.append(f"                x{j}r = x{j}b + " + index_code(f"x{j}m", ad.kinds[1], "ii"))
-    L.append("                for j in range(n):")
-    reads = [f"x{j}[x{j}r + {index_code(f'x{j}n', ad.kinds[2], 'j')}]" for j, ad in enumerate(extra_addr)]
+        L.append(f"                x{j}r = np.uint64(x{j}b + " + index_code(f"x{j}m", ad.kinds[1], "ii") + ")")
+    # unsigned column index (and offsets): lets LLVM vectorise the epilogue's row loop
+    L += ["                orow = np.uint64(orow)", "                srow = np.uint64(srow)",
+          "                for j in range(np.uint64(n)):"]
+    reads = [f"x{j}[x{j}r + {uindex_code(f'x{j}n', ad.kinds[2], 'j')}]" for j, ad in enumerate(extra_addr)]
     L.append("                    acc = scratch[srow + j]")
     lines, result = epilogue.emit("acc", reads, indent="                    ")
     L += lines
-    L.append(f"                    out[orow + {index_code('on', addrs[0].kinds[2], 'j')}] = {result}")
+    L.append(f"                    out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}] = {result}")
     return "\n".join(L) + "\n"
 
 
