@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .finite import all_finite
 from .banks import BankOperand, binding_identity, tensor_fingerprint
 from .errors import FormulaError, fail
 from .types import FLOAT_DTYPES, formula_dtype, numpy_dtype
@@ -234,6 +235,9 @@ def _isfinite(a: np.ndarray) -> np.ndarray:
 def _all_finite(a: np.ndarray) -> bool:
     """One pass: a finite sum proves every element finite (NaN and ±inf propagate); only an
     overflowing sum or an exotic dtype falls back to an elementwise check."""
+    fast = all_finite(a)
+    if fast is not None:
+        return fast
     if a.dtype in (np.float32, np.float64, np.float16):
         acc = np.float32 if a.dtype == np.float16 else a.dtype
         with np.errstate(all="ignore"):

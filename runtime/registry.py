@@ -35,7 +35,8 @@ class PluginInfo:
 
     def describe(self) -> str:
         if self.distribution:
-            return f"{self.name} ({self.distribution} {self.version})"
+            version = f" {self.version}" if self.version else ""
+            return f"{self.name} ({self.distribution}{version})"
         return self.name
 
 
@@ -70,7 +71,11 @@ class Registry:
         if info.name in self.plugins:
             fail("plugin_conflict", f"plugins.{info.name}",
                  f"plugin name {info.name!r} is registered twice")
-        self.pm.register(plugin, name=info.name)
+        try:
+            self.pm.register(plugin, name=info.name)
+        except ValueError as exc:  # pluggy: the same object under another name
+            raise FormulaError("plugin_conflict", f"plugins.{info.name}",
+                               f"plugin {info.describe()} is already registered: {exc}") from exc
         try:
             self.pm.check_pending()
             atoms: list[AtomSpec] = []
