@@ -1,0 +1,153 @@
+"""Executor promises: fresh results, shared executables across threads, traces, value checks
+before kernels, and cpu/cuda (simulator) agreeing with the reference on whole programs."""
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import runtime
+from runtime.testing import ProgramBuilder, assert_backends_agree, random_values
+
+SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
+
+
+def seed_values(T=8, seed=0):
+    inputs, banks = random_values(SEED, {"B": 1, "S": T}, seed=seed)
+    return inputs, banks
+
+
+def expected(inputs, banks):
+    h = inputs["x"] @ banks["lora.A"].T
+    return inputs["base"] + inputs["lora.gain"] * ((h / (1 + np.exp(-h))) @ banks["lora.B"].T)
+
+
+def test_results_are_fresh_and_never_overwritten_by_a_later_run():
+    exe = runtime.compile(SEED, "cpu")
+    i1, b1 = seed_values(seed=1)
+    i2, b2 = seed_values(seed=2)
+    r1 = exe.run(inputs=i1, banks=b1)["%4"]
+    keep = r1.copy()
+    r2 = exe.run(inputs=i2, banks=b2)["%4"]
+    assert not np.shares_memory(r1, r2)
+    np.testing.assert_array_equal(r1, keep)
+    np.testing.assert_allclose(r2, expected(i2, b2), rtol=1e-4, atol=1e-4)
+
+
+def test_a_shared_executable_runs_concurrently_from_threads():
+    exe = runtime.compile(SEED, "cpu")
+    cases = [seed_values(T=16, seed=s) for s in range(6)]
+    exe.run(inputs=cases[0][0], banks=cases[0][1])  # compile outside the race
+    results, errors = {}, []
+
+    def work(k):
+        try:
+            for _ in range(5):
+                results[k] = exe.run(inputs=cases[k][0], banks=cases[k][1])["%4"]
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for k, (inputs, banks) in enumerate(cases):
+        np.testing.assert_allclose(results[k], expected(inputs, banks), rtol=1e-4, atol=1e-4)
+
+
+def test_trace_names_groups_atoms_times_and_bytes():
+    inputs, banks = seed_values()
+    res = runtime.execute(SEED, inputs=inputs, banks=banks, trace=True)
+    assert [t["instructions"] for t in res.trace] == [["i0", "i1"], ["i2", "i3", "i4"]]
+    assert all(t["backend"] == "cpu" and t["ms"] >= 0 for t in res.trace)
+    assert res.trace[1]["bytes"] == 8 * 1024 * 4
+    assert runtime.execute(SEED, inputs=inputs, banks=banks).trace is None
+
+
+def test_symbols_rebind_per_run_and_plans_are_cached_per_extents():
+    exe = runtime.compile(SEED, "cpu")
+    for T in (3, 5, 3):
+        inputs, banks = seed_values(T=T)
+        np.testing.assert_allclose(exe.run(inputs=inputs, banks=banks)["%4"], expected(inputs, banks),
+                                   rtol=1e-4, atol=1e-4)
+    assert len(exe._plans) == 2
+
+
+def _gather_program():
+    b = ProgramBuilder()
+    v = b.input("v", {"N": 5, "D": 3})
+    idx = b.input("idx", {"J": 4}, dtype="int64")
+    y = b.op("gather", [v, idx], {"axis": "N", "index_axis": "J"})
+    return b.build(outputs=[y])
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "cuda"])
+def test_index_range_is_raised_before_any_kernel(backend):
+    v = np.arange(15, dtype=np.float32).reshape(5, 3)
+    for bad in ([0, 1, 5, 2], [0, -1, 2, 3]):
+        with pytest.raises(runtime.FormulaError) as err:
+            runtime.execute(_gather_program(), inputs={"v": v, "idx": np.array(bad)}, backend=backend)
+        assert err.value.code == "index_range"
+        assert err.value.path.startswith("$.instructions[0]")
+    ok = runtime.execute(_gather_program(), inputs={"v": v, "idx": np.array([4, 0, 2, 2])}, backend=backend)
+    np.testing.assert_array_equal(ok["%0"], v[[4, 0, 2, 2]])
+
+
+def _fused_mix():
+    b = ProgramBuilder()
+    x = b.input("x", {"T": "T", "D": 8})
+    w = b.bank("w", {"E": 6, "D": 8})
+    g = b.input("g", {"E": 6})
+    m = b.input("m", {"T": "T", "E": 6}, dtype="boolean")
+    z = b.input("z", {"T": "T", "E": 6})
+    c = b.op("contract", [x, w], {"reduce_axes": [["D", "D"]], "output_axes": ["T", "E"],
+                                  "accumulation_dtype": "float32"})
+    c = b.op("scale", [c, g], {"factor_axes": ["E"], "accumulation_dtype": "float32"})
+    c = b.op("scalar-map", [c], {"mode": "gelu"})
+    c = b.op("select", [m, c, z])
+    s = b.op("masked-softmax", [c, m], {"axis": "E", "accumulation_dtype": "float32"})
+    r = b.op("reduce", [s], {"axis": "E", "mode": "sum", "accumulation_dtype": "float32"})
+    t = b.op("permute", [c], {"output_axes": ["E", "T"]})
+    return b.build(outputs=[r, t])
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_whole_programs_agree_with_the_reference(backend):
+    for program, dims in ((SEED, {"B": 1, "S": 4}), (_fused_mix(), {"T": 5})):
+        inputs, banks = random_values(program, dims, seed=3)
+        assert_backends_agree(program, inputs, banks, backends=[backend])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_seed_in_both_dtypes_on_cpu(dtype):
+    import json
+
+    program = json.loads(SEED.read_text())
+    for rec in program["bindings"] + program["slots"]:
+        rec["value_type"]["dtype"] = dtype
+    inputs, banks = random_values(program, {"B": 2, "S": 3}, seed=4)
+    assert_backends_agree(program, inputs, banks, backends=["cpu"])
+
+
+def test_cuda_results_come_back_as_host_arrays_for_host_inputs():
+    inputs, banks = seed_values(T=2)
+    res = runtime.execute(SEED, inputs=inputs, banks=banks, backend="cuda")
+    assert isinstance(res["%4"], np.ndarray)
+
+
+def test_unavailable_cuda_is_backend_unavailable(monkeypatch):
+    from runtime.backends.cuda import CudaBackend
+
+    monkeypatch.setattr(CudaBackend, "unavailable_reason", lambda self: "no CUDA GPU or driver was found")
+    with pytest.raises(runtime.FormulaError) as err:
+        runtime.compile(SEED, "cuda")
+    assert err.value.code == "backend_unavailable" and "no CUDA GPU" in err.value.message
+    assert runtime.compile(SEED, "cpu") is not None
+
+
+def test_unknown_backend_names_the_registered_ones():
+    with pytest.raises(runtime.FormulaError) as err:
+        runtime.compile(SEED, "tpu")
+    assert err.value.code == "backend_unavailable" and "cpu" in err.value.message
