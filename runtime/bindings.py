@@ -22,7 +22,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .finite import all_finite
+from .backends.cuda import is_device_array
+from .finite import all_finite, device_all_finite
 from .banks import BankOperand, binding_identity, tensor_fingerprint
 from .errors import FormulaError, fail
 from .types import FLOAT_DTYPES, formula_dtype, numpy_dtype
@@ -170,13 +171,15 @@ def _check_value(binding, raw: Any, path: str, symbols: "_Symbols") -> np.ndarra
     if not a.dtype.isnative:  # kernels read native byte order; converting keeps every value
         a = a.astype(a.dtype.newbyteorder("="))
     if got in FLOAT_DTYPES and not _all_finite(a):
-        bad = ~_isfinite(a)
+        host = a.copy_to_host() if is_device_array(a) else a  # only to name the bad element
+        bad = ~_isfinite(host)
+        a = host
         index = tuple(int(i) for i in np.argwhere(bad)[0])
         fail("nonfinite", path,
              f"{binding.name!r} holds {a[index].item()!r} at index {list(index)} "
              f"({int(bad.sum())} non-finite values); floating values must be finite")
     if binding.kind == "bank" and binding.bundle_id is None and binding.asset_fingerprint is not None:
-        digest = tensor_fingerprint(a)
+        digest = tensor_fingerprint(a.copy_to_host() if is_device_array(a) else a)
         if digest != binding.asset_fingerprint:
             fail("bank_identity", path,
                  f"bank {binding.name!r}: sha256 of the value's C-order bytes is {digest}, but "
@@ -190,6 +193,10 @@ def _as_array(binding, raw: Any, path: str) -> np.ndarray:
              f"{binding.name!r} is a masked array; pass plain values (e.g. .filled(...))")
     if isinstance(raw, np.ndarray):
         return raw if type(raw) is np.ndarray else raw.view(np.ndarray)
+    if is_device_array(raw):  # CUDA array interface (numba, CuPy, PyTorch): wrapped, not copied
+        from numba import cuda
+
+        return cuda.as_cuda_array(raw) if hasattr(cuda, "as_cuda_array") else raw  # simulator: as is
     if isinstance(raw, np.generic):
         return np.asarray(raw)
     if _is_number(raw):
@@ -235,6 +242,8 @@ def _isfinite(a: np.ndarray) -> np.ndarray:
 def _all_finite(a: np.ndarray) -> bool:
     """One pass: a finite sum proves every element finite (NaN and ±inf propagate); only an
     overflowing sum or an exotic dtype falls back to an elementwise check."""
+    if is_device_array(a):
+        return device_all_finite(a)
     fast = all_finite(a)
     if fast is not None:
         return fast

@@ -176,6 +176,13 @@ class Executable:
     # --- running ------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, Any] | None = None, banks: Any = None, trace: bool = False) -> Result:
         bound = bind_values(self.program, inputs, banks)
+        if self.backend.name != "cuda":
+            for name, v in bound.values.items():
+                if not isinstance(v, np.ndarray):
+                    kind = "inputs" if self.program.binding(name).kind == "input" else "banks"
+                    fail("binding_dtype", f"$.{kind}.{name}",
+                         f"{name!r} is a device array; backend {self.backend.name!r} takes host "
+                         "NumPy arrays (use backend='cuda', or copy it to the host)")
         dtypes = {b.name: formula_dtype(bound.values[b.name].dtype) for b in self.program.bindings
                   if b.value_type.dtype == "floating"}
         compiled = self._compiled(bound.dims, dtypes)

@@ -151,3 +151,26 @@ def test_unknown_backend_names_the_registered_ones():
     with pytest.raises(runtime.FormulaError) as err:
         runtime.compile(SEED, "tpu")
     assert err.value.code == "backend_unavailable" and "cpu" in err.value.message
+
+
+def test_cuda_device_inputs_give_device_results_and_are_checked_on_device():
+    from numba import cuda
+
+    inputs, banks = seed_values(T=2)
+    d_inputs = {k: cuda.to_device(v) for k, v in inputs.items() if v.ndim}
+    d_inputs["lora.gain"] = float(inputs["lora.gain"])  # a number: mixed host/device is fine
+    d_banks = {k: cuda.to_device(v) for k, v in banks.items()}
+    res = runtime.execute(SEED, inputs=d_inputs, banks=d_banks, backend="cuda")
+    out = res["%4"]
+    from runtime.backends.cuda import is_device_array
+
+    assert is_device_array(out)
+    np.testing.assert_allclose(out.copy_to_host(), expected(inputs, banks), rtol=1e-4, atol=1e-3)
+    bad = inputs["x"].copy()
+    bad[0, 1, 7] = np.nan
+    with pytest.raises(runtime.FormulaError) as err:
+        runtime.execute(SEED, inputs={**d_inputs, "x": cuda.to_device(bad)}, banks=d_banks, backend="cuda")
+    assert err.value.code == "nonfinite" and err.value.path == "$.inputs.x" and "[0, 1, 7]" in err.value.message
+    with pytest.raises(runtime.FormulaError) as err:
+        runtime.execute(SEED, inputs=d_inputs, banks=d_banks, backend="cpu")
+    assert err.value.code == "binding_dtype"

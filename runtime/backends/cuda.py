@@ -6,6 +6,8 @@ itself unavailable and the other backends keep working.
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from ..types import TensorType, numpy_dtype
@@ -15,7 +17,19 @@ ARENA_ALIGNMENT = 256  # cudaMalloc alignment; the planner's offsets are multipl
 
 
 def is_device_array(value) -> bool:
-    return hasattr(value, "__cuda_array_interface__") and not isinstance(value, np.ndarray)
+    """A CUDA array (any library's); the simulator's arrays count too, once it is loaded."""
+    if isinstance(value, np.ndarray):
+        return False
+    if hasattr(value, "__cuda_array_interface__"):
+        return True
+    if "numba.cuda" not in sys.modules:  # nobody made device arrays without loading it
+        return False
+    from numba import cuda
+
+    if hasattr(cuda, "is_cuda_array"):
+        return cuda.is_cuda_array(value)
+    fake = getattr(cuda.devicearray, "FakeCUDAArray", None)  # the simulator's device arrays
+    return fake is not None and isinstance(value, fake)
 
 
 class CudaBackend(Backend):
