@@ -172,3 +172,41 @@ def test_summary_and_read_arrays(tmp_path):
     with pytest.raises(FormulaError) as info:
         read_arrays(str(tmp_path / "c.npz"), "$.inputs")
     assert (info.value.code, info.value.path) == ("schema", "$.inputs")
+
+
+def test_lora_program_with_a_member_axis_runs_from_safetensors_through_the_cli(tmp_path, capsys):
+    """Two LoRA members (axis K) summed: weights stored per member as <partition>/<member>."""
+    import json
+
+    b = ProgramBuilder()
+    x = b.input("x", {"T": "T", "D": 16})
+    base = b.input("base", {"T": "T", "E": 12})
+    members = ["m0", "m1"]
+    A = b.bank("lora.A", {"K": 2, "R": 4, "D": 16}, source_ref="arti/formula-operand-bank@1",
+               partition_id="A", bundle_id="lora", member_ids=members)
+    B = b.bank("lora.B", {"K": 2, "E": 12, "R": 4}, source_ref="arti/formula-operand-bank@1",
+               partition_id="B", bundle_id="lora", member_ids=members)
+    h = b.op("contract", [x, A], {"reduce_axes": [["D", "D"]], "output_axes": ["T", "K", "R"],
+                                  "accumulation_dtype": "float32"})
+    h = b.op("scalar-map", [h], {"mode": "silu"})
+    y = b.op("contract", [h, B], {"reduce_axes": [["R", "R"]], "output_axes": ["T", "K", "E"],
+                                  "accumulation_dtype": "float32"})
+    y = b.op("reduce", [y], {"axis": "K", "mode": "sum", "accumulation_dtype": "float32"})
+    out = b.op("add", [base, y], {"accumulation_dtype": "float32"})
+    prog = tmp_path / "lora-k.program.json"
+    prog.write_text(json.dumps(b.build(outputs=[out])))
+    rng = np.random.default_rng(7)
+    xs, bs = rng.standard_normal((5, 16), dtype=np.float32), rng.standard_normal((5, 12), dtype=np.float32)
+    a = rng.standard_normal((2, 4, 16), dtype=np.float32)
+    w = rng.standard_normal((2, 12, 4), dtype=np.float32)
+    save_file({f"A/{m}": a[k] for k, m in enumerate(members)} | {f"B/{m}": w[k] for k, m in enumerate(members)},
+              str(tmp_path / "weights.safetensors"))
+    np.savez(tmp_path / "in.npz", x=xs, base=bs)
+    assert main(["run", str(prog), "--inputs", str(tmp_path / "in.npz"), "--banks",
+                 str(tmp_path / "weights.safetensors"), "--out", str(tmp_path / "out.npz")]) == 0, \
+        capsys.readouterr().err
+    hh = np.einsum("td,krd->tkr", xs, a)
+    hh = hh / (1 + np.exp(-hh))
+    want = bs + np.einsum("tkr,ker->te", hh, w)
+    with np.load(tmp_path / "out.npz") as z:
+        np.testing.assert_allclose(z[out], want, rtol=1e-4, atol=1e-4)
