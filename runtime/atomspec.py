@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from .errors import FormulaError, fail
+from .errors import FormulaError, fail, json_kind as _json_kind
 from .types import Size, TensorType, dtypes_compatible, extents_compatible
 
 # backend name -> factory(node) -> run(inputs, out). `inputs` are the operand arrays (host NumPy
@@ -183,24 +183,6 @@ def _is_floating(dtype: str) -> bool:
     from .types import is_float
 
     return is_float(dtype)
-
-
-def _json_kind(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, int):
-        return f"the integer {v}"
-    if isinstance(v, float):
-        return f"the number {v}"
-    if isinstance(v, str):
-        return f"the string {v!r}"
-    if isinstance(v, list):
-        return "a list"
-    if isinstance(v, dict):
-        return "an object"
-    return type(v).__name__
 
 
 __all__ = ["AtomSpec", "ScalarOp", "Node", "InferContext", "FormulaError", "KernelFactory",

@@ -33,3 +33,20 @@ class FormulaError(Exception):
 def fail(code: str, path: str, message: str):
     """Raise a FormulaError; a function so validators read as one line per rule."""
     raise FormulaError(code, path, message)
+
+
+def json_kind(v) -> str:
+    """How a JSON value is named in messages ("the string 'x'", "a list", "null"...)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return f"the number {v}"
+    if isinstance(v, str):
+        return f"the string {v!r}"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, dict):
+        return "an object"
+    return type(v).__name__

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import FormulaError, fail
+from .errors import FormulaError, fail, json_kind as _kind
 from .model import (BANK_FIELDS, INPUT_FIELDS, INSTRUCTION_FIELDS, LIMIT_FIELDS, PROGRAM_FIELDS,
                     SLOT_FIELDS, TENSOR_TYPE_FIELDS, BankBinding, InputBinding, Instruction,
                     Limits, Program, Slot)
@@ -250,18 +250,3 @@ def program(value: Any) -> Program:
     outputs = tuple(string(o, f"$.outputs[{i}]", "output slot id") for i, o in enumerate(lists["outputs"]))
     return Program(ref, version, bindings, slots, instructions, outputs, lim)
 
-
-def _kind(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, (int, float)):
-        return f"the number {v}"
-    if isinstance(v, str):
-        return f"the string {v!r}"
-    if isinstance(v, list):
-        return "a list"
-    if isinstance(v, dict):
-        return "an object"
-    return type(v).__name__

@@ -129,26 +129,11 @@ class ProgramBuilder:
 
 def random_values(program, dims: Mapping[str, int] | None = None, seed: int = 0,
                   int_high: int = 1):
-    """Random inputs and banks of the declared types: normal floats, int64 in [0, int_high),
-    random booleans. Symbols default to 2 unless given in ``dims``."""
+    """Random inputs and banks of the declared types (``formula run --random``'s generator)."""
     from .api import load_program
+    from .cli import random_values as generate
 
-    program = load_program(program)
-    rng = np.random.default_rng(seed)
-    dims = dict(dims or {})
-    inputs, banks = {}, {}
-    for b in program.bindings:
-        t = b.value_type
-        shape = tuple(dims.setdefault(s, 2) if isinstance(s, str) else s for s in t.sizes)
-        dtype = "float32" if t.dtype == "floating" else t.dtype
-        if dtype == "boolean":
-            value = rng.random(shape) < 0.7
-        elif dtype == "int64":
-            value = rng.integers(0, int_high, size=shape, dtype=np.int64)
-        else:
-            value = rng.standard_normal(shape).astype(numpy_dtype(dtype))
-        (inputs if b.kind == "input" else banks)[b.name] = value
-    return inputs, banks
+    return generate(load_program(program), dict(dims or {}), seed=seed, int_high=int_high)
 
 
 TOLERANCES = {"float64": (1e-10, 1e-10), "float32": (2e-4, 2e-5), "float16": (1e-2, 1e-2),
