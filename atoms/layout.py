@@ -65,7 +65,7 @@ def sizes_attr(ctx: InferContext, key: str, count: int) -> tuple[Size, ...]:
 
 def infer_reshape(ctx: InferContext) -> TensorType:
     """Element counts must agree. Symbols common to both sides cancel; what remains is
-    checked when it is decidable. On concrete operand types (planning, ``ctx.dims`` given)
+    checked when it is decidable. On concrete operand types (``ctx.planning``)
     one output symbol still unresolved is inferred from the element count."""
     t = ctx.operands[0]
     axes = axes_attr(ctx, "output_axes")
@@ -74,7 +74,7 @@ def infer_reshape(ctx: InferContext) -> TensorType:
     in_static = math.prod(s for s in t.sizes if isinstance(s, int))
     out_static = math.prod(s for s in sizes if isinstance(s, int))
     what = f"value {t.describe()} cannot be reshaped to {dict(zip(axes, sizes))}"
-    if t.is_static and ctx.dims and unresolved:
+    if t.is_static and (ctx.planning or ctx.dims) and unresolved:
         if len(unresolved) > 1:
             fail("type_mismatch", ctx.attr_path("output_sizes"),
                  f"reshape: output sizes {[sizes[k] for k in unresolved]} are unresolved; at most "

@@ -83,7 +83,8 @@ class InferContext:
 
     def __init__(self, atom: AtomSpec, path: str, attributes: Mapping[str, Any],
                  operands: Sequence[TensorType], operand_slots: Sequence[str],
-                 dims: Mapping[str, int] | None = None):
+                 dims: Mapping[str, int] | None = None, planning: bool = False):
+        self.planning = planning  # True when operands are resolved for one run's extents
         self.atom = atom
         self.path = path
         self.attributes = attributes

@@ -20,7 +20,7 @@ def resolve_nodes(program: Program, specs: Sequence[AtomSpec], binding_types: Ma
     for i, (ins, spec) in enumerate(zip(program.instructions, specs)):
         path = f"$.instructions[{i}]"
         operands = [types[s] for s in ins.input_slots]
-        ctx = InferContext(spec, path, ins.attributes, operands, ins.input_slots, dims)
+        ctx = InferContext(spec, path, ins.attributes, operands, ins.input_slots, dims, planning=True)
         inferred = spec.infer(ctx)
         declared = program.slot(ins.output_slot).value_type
         out = _unify(declared, inferred, dims, ins.output_slot, program.slot_index(ins.output_slot))

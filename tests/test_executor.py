@@ -174,3 +174,11 @@ def test_cuda_device_inputs_give_device_results_and_are_checked_on_device():
     with pytest.raises(runtime.FormulaError) as err:
         runtime.execute(SEED, inputs=d_inputs, banks=d_banks, backend="cpu")
     assert err.value.code == "binding_dtype"
+
+
+def test_reshape_infers_a_new_symbol_at_plan_time_without_input_symbols():
+    b = ProgramBuilder()
+    v = b.input("v", {"N": 12})
+    y = b.op("reshape", [v], {"output_axes": ["R", "C"], "output_sizes": ["R", 4]})
+    res = runtime.execute(b.build(outputs=[y]), inputs={"v": np.arange(12.0, dtype=np.float32)})
+    np.testing.assert_array_equal(res["%0"], np.arange(12.0, dtype=np.float32).reshape(3, 4))
