@@ -33,7 +33,20 @@ def numpy_dtype(dtype: str) -> np.dtype:
 
 def formula_dtype(dt: np.dtype) -> str | None:
     """The formula dtype name of a NumPy dtype, or None if the format has no such dtype."""
-    dt = np.dtype(dt)
+    try:
+        return _FORMULA_DTYPES[dt]
+    except (KeyError, TypeError):  # TypeError: an unhashable dtype-like
+        pass
+    name = _formula_dtype(np.dtype(dt))
+    if isinstance(dt, np.dtype):
+        _FORMULA_DTYPES[dt] = name  # called for every bound value on every run: memoise
+    return name
+
+
+_FORMULA_DTYPES: dict[np.dtype, str | None] = {}
+
+
+def _formula_dtype(dt: np.dtype) -> str | None:
     if dt == np.bool_:
         return "boolean"
     if dt.name in FLOAT_DTYPES or dt.name == "int64":
