@@ -2,9 +2,13 @@
 
 A group is an optional anchor (an atom with ``anchors`` for the backend, e.g. a contraction)
 followed by a chain of elementwise atoms. An elementwise node joins the group that produces
-one of its operands when that intermediate has exactly one reader, is not an output, and is
-not the broadcast side (its shape is the node's output shape). As in TVM's FuseOps, the
-intermediate then never reaches memory.
+one of its operands when that intermediate has exactly one reader in the whole program, is
+not a program output, and is not the broadcast side (its axes and shape are the node's
+output's). As in TVM's FuseOps, the intermediate then never reaches memory.
+
+A group runs at the position of its last node. That order is valid: a slot read from outside
+a group is the final output of its producing group (intermediates have their single reader
+inside the group), and that producer's last node is strictly earlier than the reader.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from .atomspec import Node
+from .atomspec import Node, ScalarOp
 from .fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
 from .types import TensorType
 
@@ -33,54 +37,70 @@ class Group:
         return tuple(dict.fromkeys(own + self.epilogue.extra_slots))
 
     @property
+    def kind(self) -> str:
+        """'single' (one node, its own kernel), 'anchor+epilogue' or 'elementwise chain'."""
+        if self.anchor is None:
+            return "elementwise chain"
+        return "single" if self.epilogue.empty else "anchor+epilogue"
+
+    @property
+    def position(self) -> int:
+        """Index of the instruction at whose place the group's kernel runs (its last node)."""
+        return self.nodes[-1].index
+
+    @property
+    def fused_slots(self) -> tuple[str, ...]:
+        """Intermediates computed inside the kernel and never materialised."""
+        return tuple(n.output_slot for n in self.nodes[:-1])
+
+    @property
     def label(self) -> str:
         names = "+".join(n.atom.name for n in self.nodes)
         return f"{names} [{', '.join(n.instruction_id for n in self.nodes)}]"
 
 
 def make_groups(nodes: Sequence[Node], outputs: Sequence[str], backend: str, fuse: bool) -> list[Group]:
-    readers = Counter(s for n in nodes for s in n.input_slots)
+    """Kernel groups in run order (each at the position of its last node)."""
+    readers = Counter(s for n in nodes for s in n.input_slots)  # operand uses, not nodes
     outputs = set(outputs)
     groups: list[Group] = []
-    by_output: dict[str, int] = {}  # current output slot -> index in groups
-    position: list[int] = []  # index of each group's last node
+    by_output: dict[str, int] = {}  # open groups: current output slot -> index in groups
     for node in nodes:
-        target = _fusable_operand(node, by_output, groups, readers, outputs, backend) if fuse else None
+        op = _scalar_op(node) if fuse else None
+        target = _fusable_operand(node, by_output, groups, readers, outputs, backend) if op else None
         if target is None:
             by_output[node.output_slot] = len(groups)
             groups.append(Group(node, EMPTY_EPILOGUE, (node,), node.output_slot, node.output_type))
-            position.append(node.index)
             continue
         k, gi = target
         group = groups[gi]
         del by_output[group.output_slot]
-        if group.anchor is not None and group.epilogue.empty and group.anchor.atom.elementwise \
-                and backend not in group.anchor.atom.anchors:
-            group = _as_chain(group.anchor)
-        groups[gi] = _extend(group, node, k)
+        if group.anchor is not None and group.epilogue.empty and backend not in group.anchor.atom.anchors:
+            group = _as_chain(group.anchor)  # a lone elementwise node becomes a chain's first step
+        groups[gi] = _extend(group, node, k, op)
         by_output[node.output_slot] = gi
-        position[gi] = node.index
-    order = sorted(range(len(groups)), key=lambda i: position[i])
-    return [groups[i] for i in order]
+    return sorted(groups, key=lambda g: g.position)
+
+
+def _scalar_op(node: Node) -> ScalarOp | None:
+    """The node's scalar form, or None when its atom (or this use of it) is not fusable."""
+    return node.atom.elementwise(node) if node.atom.elementwise is not None else None
 
 
 def _fusable_operand(node, by_output, groups, readers, outputs, backend):
-    if node.atom.elementwise is None:
-        return None
+    """(operand index, group index) of the group this elementwise node may join, or None."""
     for k, slot in enumerate(node.input_slots):
         gi = by_output.get(slot)
         if gi is None or readers[slot] != 1 or slot in outputs:
             continue
-        if node.input_types[k].shape != node.output_type.shape or \
-                node.input_types[k].axes != node.output_type.axes:
+        if node.input_types[k].axes != node.output_type.axes or \
+                node.input_types[k].shape != node.output_type.shape:
             continue  # the broadcast side is never the chain value
-        group = groups[gi]
-        anchor = group.anchor
-        if anchor is not None and not anchor.atom.elementwise and backend not in anchor.atom.anchors:
-            continue
-        if anchor is not None and anchor.atom.elementwise and not group.epilogue.empty \
-                and backend not in anchor.atom.anchors:
-            continue
+        anchor = groups[gi].anchor
+        if anchor is not None and backend not in anchor.atom.anchors:
+            # without an anchor kernel only a lone elementwise node can start a chain
+            if not groups[gi].epilogue.empty or _scalar_op(anchor) is None:
+                continue
         return k, gi
     return None
 
@@ -88,11 +108,11 @@ def _fusable_operand(node, by_output, groups, readers, outputs, backend):
 def _as_chain(node: Node) -> Group:
     extras = tuple(dict.fromkeys(node.input_slots))
     types = tuple(node.input_types[node.input_slots.index(s)] for s in extras)
-    step = EpilogueStep(node, node.atom.elementwise(node), tuple(extras.index(s) for s in node.input_slots))
+    step = EpilogueStep(node, _scalar_op(node), tuple(extras.index(s) for s in node.input_slots))
     return Group(None, Epilogue((step,), extras, types), (node,), node.output_slot, node.output_type)
 
 
-def _extend(group: Group, node: Node, chain_operand: int) -> Group:
+def _extend(group: Group, node: Node, chain_operand: int, op: ScalarOp) -> Group:
     extras = list(group.epilogue.extra_slots)
     types = list(group.epilogue.extra_types)
     sources = []
@@ -104,6 +124,6 @@ def _extend(group: Group, node: Node, chain_operand: int) -> Group:
             extras.append(slot)
             types.append(node.input_types[k])
         sources.append(extras.index(slot))
-    step = EpilogueStep(node, node.atom.elementwise(node), tuple(sources))
+    step = EpilogueStep(node, op, tuple(sources))
     epilogue = Epilogue(group.epilogue.steps + (step,), tuple(extras), tuple(types))
     return Group(group.anchor, epilogue, group.nodes + (node,), node.output_slot, node.output_type)
