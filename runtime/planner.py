@@ -1,5 +1,11 @@
 """The plan for one set of extents: kernel groups, slot lifetimes, in-place reuse, arena
-offsets and the memory preflight of SPEC §5 — all decided before anything is allocated."""
+offsets and the memory preflight of SPEC §5 — all decided before anything is allocated.
+
+Atom-agnostic: atoms are known only through their traits (``elementwise``, ``anchors``,
+``inplace``). Bindings and outputs are pinned (outputs are fresh arrays per run, never arena
+memory); temporaries live from their producing group to their last reading group and share
+one arena, packed greedily (``runtime.arena``).
+"""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -11,7 +17,11 @@ from . import arena
 from .atomspec import Node
 from .errors import fail
 from .grouping import Group, make_groups
+from .model import type_to_dict
 from .types import TensorType
+
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int64": 8, "boolean": 1}
+PINNED = ("input", "bank", "output")
 
 
 @attrs.frozen
@@ -19,10 +29,14 @@ class Buffer:
     slot: str
     kind: str  # "input" | "bank" | "temporary" | "output"
     nbytes: int
-    first: int  # group index of the producer (-1 for bindings)
-    last: int  # last group index reading it
-    offset: int | None = None  # arena offset of temporaries
+    first: int  # group index of the producer (-1 for bindings: live before the first group)
+    last: int  # last group index reading it (in-place roots: extended over their aliases)
+    offset: int | None = None  # arena offset of temporaries (aliases: their root's offset)
     alias_of: str | None = None  # in-place: the temporary whose buffer this one reuses
+
+    @property
+    def in_arena(self) -> bool:
+        return self.kind == "temporary"
 
 
 @attrs.frozen
@@ -30,117 +44,183 @@ class Plan:
     dims: Mapping[str, int]
     groups: tuple[Group, ...]
     buffers: Mapping[str, Buffer]
-    arena_bytes: int
-    temporaries_bytes: int
+    arena_bytes: int  # peak of the packed temporaries
+    temporaries_bytes: int  # sum of the temporaries' sizes: what no reuse would need
     binding_bytes: int
     output_bytes: int
     max_working_bytes: int
+    backend: str = ""
+    fused: bool = False
 
     @property
     def working_bytes(self) -> int:
         return self.binding_bytes + self.arena_bytes + self.output_bytes
 
+    @property
+    def fits(self) -> bool:
+        return self.working_bytes <= self.max_working_bytes
+
+    @property
+    def verdict(self) -> str:
+        return "fits" if self.fits else "exceeds"
+
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the schedule, lifetimes and offsets, peak vs sum, and the verdict."""
         return {
-            "dims": dict(self.dims),
-            "groups": [{"index": i, "kernel": "anchor+epilogue" if g.anchor and not g.epilogue.empty
-                        else ("elementwise chain" if g.anchor is None else "single"),
-                        "instructions": [n.instruction_id for n in g.nodes],
-                        "atoms": [n.atom.name for n in g.nodes],
-                        "inputs": list(g.input_slots), "output": g.output_slot}
-                       for i, g in enumerate(self.groups)],
-            "buffers": {s: attrs.asdict(b) for s, b in self.buffers.items()},
+            "backend": self.backend, "fused": self.fused, "dims": dict(self.dims),
+            "schedule": [{"group": i, "runs_at": g.nodes[-1].instruction_id, "kernel": g.kind,
+                          "anchor": g.anchor.instruction_id if g.anchor is not None else None,
+                          "instructions": [n.instruction_id for n in g.nodes],
+                          "atoms": [n.atom.name for n in g.nodes],
+                          "atom_refs": [n.atom.ref for n in g.nodes],
+                          "fused_slots": list(g.fused_slots), "inputs": list(g.input_slots),
+                          "output": g.output_slot, "output_type": type_to_dict(g.output_type)}
+                         for i, g in enumerate(self.groups)],
+            "buffers": [{**attrs.asdict(b), "in_arena": b.in_arena} for b in self.buffers.values()],
+            "arena": {"alignment": arena.ALIGNMENT, "peak_bytes": self.arena_bytes,
+                      "without_reuse_bytes": self.temporaries_bytes,
+                      "saved_bytes": self.temporaries_bytes - self.arena_bytes},
             "arena_bytes": self.arena_bytes, "temporaries_bytes": self.temporaries_bytes,
             "binding_bytes": self.binding_bytes, "output_bytes": self.output_bytes,
             "working_bytes": self.working_bytes, "max_working_bytes": self.max_working_bytes,
-            "fits": self.working_bytes <= self.max_working_bytes,
+            "fits": self.fits, "verdict": self.verdict,
         }
 
     def describe(self) -> str:
-        lines = [f"plan for {', '.join(f'{k}={v}' for k, v in self.dims.items()) or 'static extents'}",
-                 f"{len(self.groups)} kernel groups:"]
+        """A readable report (``formula plan``): groups, lifetimes, offsets, memory verdict."""
+        dims = ", ".join(f"{k}={v}" for k, v in self.dims.items()) or "static extents"
+        n_nodes = sum(len(g.nodes) for g in self.groups)
+        lines = [f"plan for {dims}" + (f" on {self.backend}" if self.backend else "")
+                 + (" (fused)" if self.fused else " (unfused)"),
+                 f"schedule: {len(self.groups)} kernel groups for {n_nodes} instructions"]
         for i, g in enumerate(self.groups):
-            lines.append(f"  [{i}] {g.label} -> {g.output_slot} {g.output_type}")
-        lines.append("buffers (lifetime in groups, arena offset):")
+            away = f"  (fused away: {', '.join(g.fused_slots)})" if g.fused_slots else ""
+            lines.append(f"  [{i}] {g.kind:<17} {g.label} -> {g.output_slot} {g.output_type}{away}")
+        lines.append("lifetimes (group indices; '#' live, '=' pinned) and arena offsets:")
+        timeline = len(self.groups) <= 48
+        width = max([len(s) for s in self.buffers] + [4])
+        head = f"  {'slot':<{width}}  {'kind':<9} {'bytes':>14}  {'groups':<7}"
+        tw = max(len(self.groups) + 2, 8)
+        lines.append(head + (f" {'timeline':<{tw}}" if timeline else "") + "  where")
         for b in self.buffers.values():
-            where = (f"offset {b.offset}" if b.offset is not None
-                     else f"in place of {b.alias_of}" if b.alias_of else "not in arena")
-            lines.append(f"  {b.slot:<16} {b.kind:<9} {b.nbytes:>12} B  groups {b.first}..{b.last}  {where}")
-        lines.append(f"arena peak {self.arena_bytes} B vs {self.temporaries_bytes} B without reuse")
-        verdict = "fits" if self.working_bytes <= self.max_working_bytes else "EXCEEDS"
-        lines.append(f"working bytes {self.working_bytes} = bindings {self.binding_bytes} + arena "
-                     f"{self.arena_bytes} + outputs {self.output_bytes}; {verdict} "
-                     f"max_working_bytes {self.max_working_bytes}")
+            span = f"{'in' if b.first < 0 else b.first}..{b.last if b.last >= 0 else '-'}"
+            if b.alias_of is not None:
+                where = f"offset {b.offset} (in place of {b.alias_of})"
+            elif b.offset is not None:
+                where = f"offset {b.offset}..{b.offset + b.nbytes}"
+            else:
+                where = "fresh array per run" if b.kind == "output" else "bound value"
+            bar = ""
+            if timeline:
+                mark = "=" if b.kind in PINNED else "#"
+                bar = "|" + "".join(mark if max(b.first, 0) <= i <= b.last else "."
+                                    for i in range(len(self.groups))) + "|"
+                bar = f" {bar:<{tw}}"
+            lines.append(f"  {b.slot:<{width}}  {b.kind:<9} {b.nbytes:>14,}  {span:<7}{bar}  {where}")
+        lines.append(f"arena peak {_size(self.arena_bytes)} vs {_size(self.temporaries_bytes)} without reuse"
+                     f" (saved {_size(self.temporaries_bytes - self.arena_bytes)})")
+        lines.append(f"working set {_size(self.working_bytes)} = bindings {_size(self.binding_bytes)}"
+                     f" + arena {_size(self.arena_bytes)} + outputs {_size(self.output_bytes)}; "
+                     f"{'fits' if self.fits else 'EXCEEDS'} max_working_bytes {_size(self.max_working_bytes)}")
         return "\n".join(lines)
 
 
 def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], outputs: Sequence[str],
               limits, dims: Mapping[str, int], backend: str, fuse: bool,
-              slot_index: Mapping[str, int] | None = None, binding_kinds: Mapping[str, str] | None = None) -> Plan:
+              slot_index: Mapping[str, int] | None = None,
+              binding_kinds: Mapping[str, str] | None = None) -> Plan:
+    """Group, size, place and preflight ``nodes`` (resolved types, program order).
+
+    ``slot_index`` (slot id -> index in ``$.slots``) gives errors their exact JSON path;
+    ``binding_kinds`` (name -> "input" | "bank") labels the pinned buffers."""
     slot_index = slot_index or {}
     types = dict(binding_types)
     types.update({n.output_slot: n.output_type for n in nodes})
-    for slot, t in types.items():
-        _check_tensor(slot, t, limits, slot_index)
+    sizes = {slot: _check_tensor(slot, t, limits, _slot_path(slot, slot_index)) for slot, t in types.items()}
     groups = make_groups(nodes, outputs, backend, fuse)
     last_read: dict[str, int] = {}
     for gi, g in enumerate(groups):
         for s in g.input_slots:
             last_read[s] = gi
     buffers: dict[str, Buffer] = {}
-    for slot, t in binding_types.items():
+    for slot in binding_types:
         kind = (binding_kinds or {}).get(slot, "input")
-        buffers[slot] = Buffer(slot, kind, t.nbytes, -1, last_read.get(slot, -1))
+        buffers[slot] = Buffer(slot, kind, sizes[slot], -1, last_read.get(slot, -1))
     output_set = set(outputs)
-    root: dict[str, str] = {}
     for gi, g in enumerate(groups):
         slot = g.output_slot
         kind = "output" if slot in output_set else "temporary"
-        buffers[slot] = Buffer(slot, kind, g.output_type.nbytes, gi, last_read.get(slot, gi))
-        alias = _inplace_source(g, gi, buffers, last_read)
-        if kind == "temporary" and alias is not None:
-            base = root.get(alias, alias)
-            root[slot] = base
-            buffers[slot] = attrs.evolve(buffers[slot], alias_of=base)
-            buffers[base] = attrs.evolve(buffers[base], last=max(buffers[base].last, buffers[slot].last))
+        buffers[slot] = Buffer(slot, kind, sizes[slot], gi, last_read.get(slot, gi))
+        source = _inplace_source(g, gi, buffers, last_read) if kind == "temporary" else None
+        if source is not None:
+            root = buffers[source].alias_of or source
+            buffers[slot] = attrs.evolve(buffers[slot], alias_of=root)
+            buffers[root] = attrs.evolve(buffers[root], last=max(buffers[root].last, buffers[slot].last))
     temporaries = [b for b in buffers.values() if b.kind == "temporary"]
     requests = [arena.Request(b.slot, b.nbytes, b.first, b.last) for b in temporaries if b.alias_of is None]
     offsets, peak = arena.place(requests)
+    arena.check_no_overlap(requests, offsets, peak=peak)  # cheap (slots ≤ max_slots); a bug here corrupts data
     for b in temporaries:
-        offset = offsets[b.alias_of or b.slot]
-        buffers[b.slot] = attrs.evolve(b, offset=offset)
+        buffers[b.slot] = attrs.evolve(b, offset=offsets[b.alias_of or b.slot])
     plan = Plan(dict(dims), tuple(groups), buffers, peak, sum(b.nbytes for b in temporaries),
                 sum(b.nbytes for b in buffers.values() if b.kind in ("input", "bank")),
-                sum(b.nbytes for b in buffers.values() if b.kind == "output"), limits.max_working_bytes)
-    if plan.working_bytes > limits.max_working_bytes:
+                sum(b.nbytes for b in buffers.values() if b.kind == "output"), limits.max_working_bytes,
+                backend, bool(fuse))
+    if not plan.fits:
         fail("limit_exceeded", "$.limits.max_working_bytes",
-             f"the run needs {plan.working_bytes} working bytes (bindings {plan.binding_bytes} + arena "
-             f"peak {plan.arena_bytes} + outputs {plan.output_bytes}); max_working_bytes = "
-             f"{limits.max_working_bytes}")
+             f"the working set needs {plan.working_bytes} bytes (bindings {plan.binding_bytes} + "
+             f"arena peak {plan.arena_bytes} + outputs {plan.output_bytes}; the temporaries would need "
+             f"{plan.temporaries_bytes} without reuse) but max_working_bytes allows {limits.max_working_bytes}")
     return plan
 
 
 def _inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read) -> str | None:
-    """The operand whose buffer the group's output may reuse (TFLite's in-place rule)."""
+    """The operand whose buffer the group's output may reuse (TFLite's in-place rule): the
+    anchor allows it, the operand is a temporary whose last reader is this group, same size.
+    Fused groups do not reuse (their kernels read extras while they write)."""
     node = g.anchor
     if node is None or not g.epilogue.empty or node.atom.inplace is None:
+        return None
+    if not 0 <= node.atom.inplace < len(node.input_slots):
         return None
     slot = node.input_slots[node.atom.inplace]
     b = buffers.get(slot)
     if b is None or b.kind != "temporary" or last_read.get(slot) != gi:
         return None
-    return slot if b.nbytes == g.output_type.nbytes else None
+    return slot if b.nbytes == buffers[g.output_slot].nbytes else None
 
 
-def _check_tensor(slot: str, t: TensorType, limits, slot_index) -> None:
-    path = f"$.slots[{slot_index[slot]}]" if slot in slot_index else f"$.slots.{slot}"
-    for axis, extent in zip(t.axes, t.shape):
+def _slot_path(slot: str, slot_index: Mapping[str, int]) -> str:
+    return f"$.slots[{slot_index[slot]}]" if slot in slot_index else f"$.slots.{slot}"
+
+
+def _check_tensor(slot: str, t: TensorType, limits, path: str) -> int:
+    """SPEC §5 per-tensor limits; returns the slot's bytes."""
+    if not t.is_static:
+        fail("binding_shape", path, f"slot {slot!r} has unresolved sizes {list(t.sizes)}; "
+                                    f"every symbol needs an extent before planning")
+    if t.dtype not in ITEMSIZE:
+        fail("invalid_type", path, f"slot {slot!r} has no concrete dtype ({t.dtype!r}); "
+                                   f"expected one of {', '.join(ITEMSIZE)}")
+    for axis, extent in zip(t.axes, t.sizes):
         if extent > limits.max_axis_extent:
             fail("limit_exceeded", path, f"slot {slot!r} axis {axis!r} has extent {extent}; "
-                                         f"max_axis_extent = {limits.max_axis_extent}")
-    if t.elements > limits.max_tensor_elements:
-        fail("limit_exceeded", path, f"slot {slot!r} has {t.elements} elements; "
-                                     f"max_tensor_elements = {limits.max_tensor_elements}")
-    if t.nbytes > limits.max_tensor_bytes:
-        fail("limit_exceeded", path, f"slot {slot!r} needs {t.nbytes} bytes; "
-                                     f"max_tensor_bytes = {limits.max_tensor_bytes}")
+                                         f"max_axis_extent allows {limits.max_axis_extent}")
+    elements = 1
+    for extent in t.sizes:
+        elements *= extent
+    if elements > limits.max_tensor_elements:
+        fail("limit_exceeded", path, f"slot {slot!r} ({t}) has {elements} elements; "
+                                     f"max_tensor_elements allows {limits.max_tensor_elements}")
+    nbytes = elements * ITEMSIZE[t.dtype]
+    if nbytes > limits.max_tensor_bytes:
+        fail("limit_exceeded", path, f"slot {slot!r} ({t}) needs {nbytes} bytes; "
+                                     f"max_tensor_bytes allows {limits.max_tensor_bytes}")
+    return nbytes
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit} ({n:,} B)"
+    return f"{n} B"

@@ -58,7 +58,7 @@ def test_seed_runs_as_two_fused_groups_with_one_temporary():
     assert plan.buffers["%4"].kind == "output" and plan.buffers["%4"].offset is None
     d = plan.to_dict()
     json.dumps(d)
-    assert d["fits"] and d["groups"][1]["atoms"] == ["contract", "scale", "add"]
+    assert d["fits"] and d["schedule"][1]["atoms"] == ["contract", "scale", "add"]
     text = plan.describe()
     assert "arena peak" in text and "contract+scale+add" in text
 
