@@ -1,52 +1,332 @@
-"""Planner: exact arena offsets, no overlap of live buffers, reuse, in-place, fusion rules,
-and the working-bytes preflight (before any allocation)."""
+"""Planner: lifetimes, in-place reuse, arena layout, the preflight of SPEC §5 and the report —
+on stand-in atoms (tests/test_grouping.py) run through a simulated executor, and on the real
+atoms through runtime.compile."""
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import runtime
-from runtime import arena
+from runtime.fusion import CHAIN
+from runtime.layout import align_to
+from runtime.model import Limits
+from runtime.planner import make_plan
 from runtime.testing import ProgramBuilder
+from tests.test_grouping import (ADD, CUMSUM, MIX, MIX_PLAIN, OPAQUE, SCALE, TANH, Prog, seed_like, spec,
+                                 t)
+
+BIG = 1 << 40
+
+
+def limits(**over) -> Limits:
+    fields = dict(schema_ref="arti/formula-limits@1", schema_version=1, max_bindings=32, max_slots=128,
+                  max_instructions=96, max_steps=64, max_axes=8, max_axis_extent=BIG,
+                  max_tensor_elements=BIG, max_tensor_bytes=BIG, max_working_bytes=BIG)
+    fields.update(over)
+    return Limits(**fields)
+
+
+def plan_of(p: Prog, outputs, backend="cpu", fuse=None, lim=None, **kw):
+    fuse = backend != "reference" if fuse is None else fuse
+    return make_plan(p.nodes, p.bindings, outputs, lim or limits(), {}, backend, fuse, **kw)
+
+
+# --- a simulated executor: arena views at the planned offsets, epilogues via Epilogue.emit ---
+
+def _eval(node, args):
+    name = node.atom.name
+    if name in ("tanh", "add"):
+        return np.tanh(args[0]) if name == "tanh" else args[0] + args[1]
+    if name == "scale":
+        return args[0] * align_to(args[1], node.input_types[1], node.output_type)
+    if name in ("mix", "mix-plain"):
+        return args[0] @ args[1].T
+    if name == "cumsum":
+        return np.cumsum(args[0], axis=0)
+    assert name == "opaque"
+    return args[0] * 2.0
+
+
+def _reference(p: Prog, values):
+    env = dict(values)
+    for n in p.nodes:
+        env[n.output_slot] = _eval(n, [env[s] for s in n.input_slots])
+    return env
+
+
+def simulate(plan, p: Prog, values):
+    """Run the plan as the executor would: temporaries are views into one arena (pre-filled
+    with NaN so an unwritten or clobbered read shows), outputs are fresh arrays."""
+    mem = np.full(max(plan.arena_bytes, 8) // 8 + 1, np.nan)
+    raw = mem.view(np.uint8)
+    outs = {}
+
+    def where(slot, gi):
+        b = plan.buffers[slot]
+        if b.kind in ("input", "bank"):
+            return values[slot]
+        if b.kind == "output":
+            return outs.setdefault(slot, np.full(p.types[slot].shape, np.nan))
+        root = plan.buffers[b.alias_of or slot]
+        assert root.first <= gi <= root.last and b.first <= gi, f"{slot} used outside its lifetime"
+        return raw[b.offset:b.offset + b.nbytes].view(np.float64).reshape(p.types[slot].shape)
+
+    ns_math = SimpleNamespace(tanh=np.tanh)
+    for gi, g in enumerate(plan.groups):
+        value = None
+        if g.anchor is not None:
+            value = _eval(g.anchor, [where(s, gi).copy() for s in g.anchor.input_slots])
+        if not g.epilogue.empty:
+            env = {"math": ns_math, "_anchor": value}
+            for k, (s, ty) in enumerate(zip(g.epilogue.extra_slots, g.epilogue.extra_types)):
+                env[f"_x{k}"] = align_to(where(s, gi).copy(), ty, g.output_type)
+            lines, result = g.epilogue.emit(None if value is None else "_anchor",
+                                            [f"_x{k}" for k in range(g.epilogue.n_extra)])
+            exec("\n".join(lines), env)
+            value = env[result]
+        where(g.output_slot, gi)[...] = value
+    return outs
+
+
+def _bytes(b):
+    return b.offset, b.offset + b.nbytes
+
+
+def check_invariants(plan, p: Prog, outputs):
+    assert sorted(n.index for g in plan.groups for n in g.nodes) == list(range(len(p.nodes)))
+    assert [g.position for g in plan.groups] == sorted(g.position for g in plan.groups)
+    produced = set(p.bindings)
+    for gi, g in enumerate(plan.groups):
+        assert set(g.input_slots) <= produced, f"group {gi} reads a slot produced later"
+        produced.add(g.output_slot)
+        for step in g.epilogue.steps:  # the chain value always has the step's output type's shape
+            chained = [step.node.input_types[k] for k, src in enumerate(step.sources) if src == CHAIN]
+            assert all((c.axes, c.shape) == (step.node.output_type.axes, step.node.output_type.shape)
+                       for c in chained)
+            assert (step.node.output_type.axes, step.node.output_type.shape) == \
+                (g.output_type.axes, g.output_type.shape)
+        for s in g.fused_slots:
+            assert s not in plan.buffers and s not in outputs
+            assert sum(n.input_slots.count(s) for n in p.nodes) == 1
+    temps = [b for b in plan.buffers.values() if b.kind == "temporary"]
+    for i, a in enumerate(temps):
+        ra = plan.buffers[a.alias_of or a.slot]
+        assert a.offset == ra.offset and a.offset % 64 == 0 and a.offset + a.nbytes <= plan.arena_bytes
+        for b in temps[i + 1:]:
+            rb = plan.buffers[b.alias_of or b.slot]
+            if ra.slot != rb.slot and ra.first <= rb.last and rb.first <= ra.last:
+                (a0, a1), (b0, b1) = _bytes(ra), _bytes(rb)
+                assert a1 <= b0 or b1 <= a0, f"{a.slot} and {b.slot} overlap while live"
+    assert plan.temporaries_bytes == sum(b.nbytes for b in temps)
+    assert plan.working_bytes == plan.binding_bytes + plan.arena_bytes + plan.output_bytes
+
+
+CLASSES = {"A": t(T=3, D=4), "B": t(T=3, E=8)}
+
+
+@st.composite
+def programs(draw):
+    p = Prog()
+    by_class = {"A": [p.input("xa", CLASSES["A"])], "B": [p.input("xb", CLASSES["B"])]}
+    gains = {"A": [p.input("ga", t(D=4))], "B": [p.input("gb", t(E=8))]}  # factors, by class
+    weights = {"A": p.input("wba", t(E=8, D=4)), "B": p.input("wab", t(D=4, E=8))}  # class -> other
+    produced = []
+    for _ in range(draw(st.integers(1, 9))):
+        c = draw(st.sampled_from("AB"))
+        pick = lambda: draw(st.sampled_from(by_class[c]))  # noqa: E731
+        kind = draw(st.sampled_from(["tanh", "add", "scale", "mix", "mix-plain", "cumsum", "opaque",
+                                     "factor"]))
+        if kind == "add":
+            slot, oc = p.op(ADD, pick(), pick()), c
+        elif kind == "scale":
+            slot, oc = p.op(SCALE, pick(), draw(st.sampled_from(gains[c]))), c
+        elif kind == "factor":  # a computed factor: may never become the chain value of scale
+            slot = p.op(TANH, draw(st.sampled_from(gains[c])))
+            gains[c].append(slot)
+            produced.append(slot)
+            continue
+        elif kind in ("mix", "mix-plain"):
+            slot, oc = p.op(MIX if kind == "mix" else MIX_PLAIN, pick(), weights[c]), "B" if c == "A" else "A"
+        else:
+            slot, oc = p.op({"tanh": TANH, "cumsum": CUMSUM, "opaque": OPAQUE}[kind], pick()), c
+        by_class[oc].append(slot)
+        produced.append(slot)
+    extra = draw(st.lists(st.sampled_from(produced), unique=True, max_size=3))
+    return p, list(dict.fromkeys([produced[-1]] + extra))
+
+
+@settings(max_examples=150, deadline=None)
+@given(programs(), st.sampled_from(["cpu", "cuda", "reference"]))
+def test_simulated_runs_of_random_plans_match_unplanned_evaluation(prog, backend):
+    p, outputs = prog
+    plan = plan_of(p, outputs, backend)
+    check_invariants(plan, p, outputs)
+    rng = np.random.default_rng(0)
+    values = {name: rng.standard_normal(ty.shape) for name, ty in p.bindings.items()}
+    got = simulate(plan, p, values)
+    want = _reference(p, values)
+    assert set(got) == set(outputs)
+    for slot in outputs:
+        np.testing.assert_allclose(got[slot], want[slot], rtol=1e-12, atol=1e-12)
+
+
+def test_seed_shape_plan_with_stand_ins():
+    p, outs = seed_like()
+    plan = plan_of(p, outs, "cpu", binding_kinds={"A": "bank", "B": "bank"})
+    assert [b.slot for b in plan.buffers.values() if b.kind == "temporary"] == ["%1"]
+    assert plan.buffers["%1"] == runtime.planner.Buffer("%1", "temporary", 4 * 2 * 8, 0, 1, 0, None)
+    assert plan.buffers["A"].kind == "bank" and plan.buffers["x"].kind == "input"
+    assert plan.buffers["x"].first == -1 and plan.buffers["x"].last == 0
+    assert plan.buffers["base"].last == 1 and plan.buffers["%4"].kind == "output"
+    assert plan.buffers["%4"].offset is None and plan.arena_bytes == 64
+    assert "%0" not in plan.buffers and "%2" not in plan.buffers  # never materialised
+
+
+# --- in-place reuse ---
+
+def _tanh_chain(n):
+    p = Prog()
+    v = p.input("x", t(T=3, D=4))
+    for _ in range(n):
+        v = p.op(TANH, v)
+    return p, v
+
+
+def test_in_place_when_the_operand_dies_here_and_aliases_resolve_to_the_root():
+    p, out = _tanh_chain(4)
+    plan = plan_of(p, [out], "reference")
+    b = plan.buffers
+    assert b["%0"].alias_of is None and b["%1"].alias_of == "%0" and b["%2"].alias_of == "%0"
+    assert b["%0"].last == 3  # extended over its aliases' lifetimes
+    assert b["%3"].kind == "output" and b["%3"].alias_of is None  # never into an output
+    assert plan.arena_bytes == 96 and plan.temporaries_bytes == 3 * 96
+    assert "in place of %0" in plan.describe()
+
+
+def test_no_in_place_while_the_operand_is_still_read_later():
+    p = Prog()
+    x = p.input("x", t(T=3, D=4))
+    a = p.op(TANH, x)
+    b = p.op(TANH, a)
+    c = p.op(ADD, b, a)  # a is still read here: b may not take its buffer; c may take b's
+    d = p.op(TANH, c)
+    plan = plan_of(p, [d], "reference")
+    assert plan.buffers[b].alias_of is None and plan.buffers[c].alias_of == b
+    assert plan.buffers[a].offset != plan.buffers[b].offset
+
+
+def test_no_in_place_over_a_binding_or_a_different_size():
+    shrink = spec("shrink", lambda ctx: ctx.output(ctx.operands[0].axes[:-1], ctx.operands[0].sizes[:-1]),
+                  ("value",), inplace=0)
+    p = Prog()
+    a = p.op(TANH, p.input("x", t(T=3, D=4)))  # operand is a binding
+    s = p.op(shrink, a)  # sizes differ
+    out = p.op(TANH, s)
+    plan = plan_of(p, [out], "reference")
+    assert all(b.alias_of is None for b in plan.buffers.values())
+
+
+def test_fused_groups_do_not_reuse_in_place():
+    p = Prog()
+    u = p.op(CUMSUM, p.input("x", t(T=3, D=4)))
+    v = p.op(TANH, p.op(TANH, u))
+    w = p.op(CUMSUM, v)
+    plan = plan_of(p, [w], "cpu")
+    assert plan.groups[1].anchor is None and plan.buffers[v].alias_of is None
+    assert plan.buffers[u].offset != plan.buffers[v].offset  # both live in group 1
+
+
+# --- preflight ---
+
+@pytest.mark.parametrize("over, words", [
+    ({"max_axis_extent": 15}, "axis 'E' has extent 16; max_axis_extent allows 15"),
+    ({"max_tensor_elements": 63}, "has 64 elements; max_tensor_elements allows 63"),
+    ({"max_tensor_bytes": 511}, "needs 512 bytes; max_tensor_bytes allows 511"),
+])
+def test_per_tensor_limits_name_the_slot_and_both_numbers(over, words):
+    p, outs = seed_like()
+    with pytest.raises(runtime.FormulaError) as err:
+        plan_of(p, outs, lim=limits(**over))
+    assert err.value.code == "limit_exceeded" and words in err.value.message
+    assert err.value.path == "$.slots.base" and "'base'" in err.value.message
+    with pytest.raises(runtime.FormulaError) as err:
+        plan_of(p, outs, lim=limits(**over), slot_index={"base": 3})
+    assert err.value.path == "$.slots[3]"
+
+
+def test_per_tensor_limits_cover_fused_intermediates():
+    p = Prog()
+    x = p.input("x", t(T=4, D=2))
+    y = p.op(TANH, p.op(MIX, x, p.input("w", t(E=3, D=2))))  # %0 [T=4, E=3], fused away
+    assert "%0" not in plan_of(p, [y]).buffers
+    with pytest.raises(runtime.FormulaError) as err:
+        plan_of(p, [y], lim=limits(max_tensor_elements=11))
+    assert err.value.path == "$.slots.%0"
+
+
+def test_unresolved_types_are_refused():
+    p = Prog()
+    p.bindings["x"] = t(D=4).evolve(dtype="floating")
+    with pytest.raises(runtime.FormulaError) as err:
+        plan_of(p, [])
+    assert err.value.code == "invalid_type"
+    p.bindings["x"] = t(D="D")
+    with pytest.raises(runtime.FormulaError) as err:
+        plan_of(p, [])
+    assert err.value.code == "binding_shape"
+
+
+def test_working_set_fits_only_thanks_to_freeing():
+    p = Prog()
+    v = p.input("x", t(T=3, D=4))
+    for _ in range(5):
+        v = p.op(CUMSUM, v)  # no in-place trait: each temporary is freed after its reader
+    plan = plan_of(p, [v], "cpu")
+    assert plan.arena_bytes == 2 * 96 + 32 and plan.temporaries_bytes == 4 * 96  # 96 -> 128 aligned
+    exact = plan.binding_bytes + plan.arena_bytes + plan.output_bytes
+    assert exact < plan.binding_bytes + plan.temporaries_bytes + plan.output_bytes
+    assert plan_of(p, [v], lim=limits(max_working_bytes=exact)).fits
+    with pytest.raises(runtime.FormulaError) as err:
+        plan_of(p, [v], lim=limits(max_working_bytes=exact - 1))
+    assert err.value.code == "limit_exceeded" and err.value.path == "$.limits.max_working_bytes"
+    assert f"needs {exact} bytes" in err.value.message and "working set" in err.value.message
+    assert f"allows {exact - 1}" in err.value.message and "384 without reuse" in err.value.message
+
+
+def test_in_place_chain_needs_one_buffer():
+    p, out = _tanh_chain(5)
+    plan = plan_of(p, [out], "cpu", fuse=False)
+    assert plan.arena_bytes == 96 and plan.temporaries_bytes == 4 * 96
+    assert {plan.buffers[f"%{i}"].offset for i in range(4)} == {0}
+
+
+def test_alternating_offsets_without_in_place():
+    p = Prog()
+    v = p.input("x", t(T=3, D=4))
+    for _ in range(5):
+        v = p.op(CUMSUM, v)
+    plan = plan_of(p, [v], "cpu")
+    assert [plan.buffers[f"%{i}"].offset for i in range(4)] == [0, 128, 0, 128]
+
+
+def test_report_is_json_ready_and_readable():
+    p, outs = seed_like()
+    plan = plan_of(p, outs, "cpu")
+    d = json.loads(json.dumps(plan.to_dict()))
+    assert d["verdict"] == "fits" and d["fused"] and d["backend"] == "cpu"
+    assert [g["instructions"] for g in d["schedule"]] == [["i0", "i1"], ["i2", "i3", "i4"]]
+    assert d["schedule"][1]["fused_slots"] == ["%2", "%3"] and d["schedule"][1]["kernel"] == "anchor+epilogue"
+    assert d["arena"]["peak_bytes"] == 64 and d["arena"]["without_reuse_bytes"] == 64
+    assert {b["slot"]: (b["first"], b["last"], b["offset"]) for b in d["buffers"]}["%1"] == (0, 1, 0)
+    text = plan.describe()
+    for words in ("2 kernel groups for 5 instructions", "mix+scale+add [i2, i3, i4]", "fused away: %2, %3",
+                  "arena peak 64 B vs 64 B without reuse", "fits max_working_bytes"):
+        assert words in text, text
 
 SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
-
-
-def R(name, nbytes, first, last):
-    return arena.Request(name, nbytes, first, last)
-
-
-def test_exact_offsets_largest_first_first_fit():
-    reqs = [R("a", 100, 0, 1), R("b", 300, 1, 2), R("c", 50, 2, 3), R("d", 200, 3, 4)]
-    offsets, peak = arena.place(reqs)
-    # b (largest) at 0; d (no overlap with b? b lives 1..2, d 3..4) at 0; a overlaps b -> after b
-    assert offsets == {"b": 0, "d": 0, "a": 320, "c": 320}
-    assert peak == 420
-    arena.check_no_overlap(reqs, offsets)
-
-
-def test_offsets_are_64_byte_aligned_and_gaps_are_reused():
-    reqs = [R("big", 1000, 0, 0), R("x", 10, 0, 2), R("y", 900, 1, 1)]
-    offsets, peak = arena.place(reqs)
-    assert offsets == {"big": 0, "y": 0, "x": 1024}
-    assert all(o % 64 == 0 for o in offsets.values())
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 10), st.integers(0, 5)), min_size=1, max_size=25))
-def test_live_buffers_never_overlap(items):
-    reqs = [R(f"b{i}", n, f, f + d) for i, (n, f, d) in enumerate(items)]
-    offsets, peak = arena.place(reqs)
-    arena.check_no_overlap(reqs, offsets)
-    assert peak >= max(r.nbytes for r in reqs)
-    assert peak <= sum(arena.aligned(r.nbytes) for r in reqs)
-
-
-def test_overlap_self_check_detects_a_bad_layout():
-    reqs = [R("a", 100, 0, 1), R("b", 100, 1, 2)]
-    with pytest.raises(AssertionError):
-        arena.check_no_overlap(reqs, {"a": 0, "b": 64})
 
 
 def test_seed_runs_as_two_fused_groups_with_one_temporary():
