@@ -426,3 +426,16 @@ def test_a_program_fits_only_thanks_to_freeing():
     with pytest.raises(runtime.FormulaError) as err:
         runtime.compile(program, "reference").plan({"T": 64})
     assert err.value.code == "limit_exceeded" and err.value.path == "$.limits.max_working_bytes"
+
+
+def test_in_place_plan_runs_correctly_end_to_end_on_the_reference_backend():
+    program = _chain(3)
+    exe = runtime.compile(program, "reference")
+    plan = exe.plan({"T": 5})
+    assert {b.slot: b.alias_of for b in plan.buffers.values() if b.alias_of} == {"%1": "%0", "%2": "%0", "%3": "%0"}
+    rng = np.random.default_rng(1)
+    x, y = (rng.standard_normal((5, 256)).astype(np.float32) for _ in range(2))
+    got = exe.run(inputs={"x": x, "y": y})
+    (out,) = got.values()
+    want = np.tanh(np.tanh(np.tanh(x + y))) + x
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
