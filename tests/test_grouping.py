@@ -4,9 +4,8 @@ program builder here are reused by tests/test_planner.py."""
 from __future__ import annotations
 
 import attrs
-import numpy as np
 
-from runtime.atomspec import AtomSpec, InferContext, Node, ScalarOp, bind_node
+from runtime.atomspec import AtomSpec, InferContext, ScalarOp, bind_node
 from runtime.fusion import CHAIN
 from runtime.grouping import make_groups
 from runtime.types import TensorType
@@ -54,11 +53,6 @@ MIX = spec("mix", _mix, ("left", "right"), anchors=("cpu",))  # anchors on cpu o
 MIX_PLAIN = spec("mix-plain", _mix, ("left", "right"))  # no anchor kernel anywhere
 CUMSUM = spec("cumsum", _same, ("value",))  # neither elementwise nor an anchor
 OPAQUE = spec("opaque", _same, ("value",), lambda node: None)  # elementwise() declines
-
-# NumPy meaning of each stand-in, for the planner's simulated runs
-NUMPY = {"tanh": np.tanh, "add": np.add, "scale": None, "mix": None, "mix-plain": None,
-         "cumsum": lambda v: np.cumsum(v, axis=0), "opaque": lambda v: v * 2.0}
-
 
 def t(**axes) -> TensorType:
     return TensorType(tuple(axes), tuple(axes.values()), "float64", "d")
