@@ -159,3 +159,21 @@ def assert_backends_agree(program, inputs=None, banks=None, backends: Sequence[s
                                         atol=atol if atol is not None else a,
                                         err_msg=f"backend {backend!r} slot {slot!r}")
     return expected
+
+
+def run_kernel(spec, attributes, types: Sequence[TensorType], values: Sequence[np.ndarray],
+               backend: str = "reference") -> np.ndarray:
+    """One atom's kernel on one backend, outside any program: bind the node from ``types``,
+    fill a fresh output (through device memory for ``cuda``) and return it as a host array."""
+    from .atomspec import bind_node
+
+    node = bind_node(spec, attributes, types)
+    out = np.empty(node.output_type.shape, dtype=numpy_dtype(node.output_type.dtype))
+    if backend == "cuda":
+        from numba import cuda
+
+        dev = cuda.device_array(out.shape, dtype=out.dtype)
+        node.atom.kernels["cuda"](node)([cuda.to_device(np.array(v, order="C")) for v in values], dev)
+        return dev.copy_to_host()
+    node.atom.kernels[backend](node)(values, out)
+    return out

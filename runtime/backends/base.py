@@ -2,7 +2,6 @@
 transfers and the generic fused-elementwise kernel."""
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from ..fusion import Epilogue
@@ -49,7 +48,3 @@ class Backend:
     def synchronize(self) -> None:
         pass
 
-
-def aligned_extras(backend: Backend, values: Sequence[Any], types: Sequence[TensorType],
-                   target: TensorType) -> list[Any]:
-    return [backend.align(v, t, target) for v, t in zip(values, types)]

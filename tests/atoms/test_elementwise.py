@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 from atoms.elementwise import SCALAR_EXPRS, SPECS
 from runtime.atomspec import InferContext, bind_node
 from runtime.errors import FormulaError
+from runtime.testing import run_kernel
 from runtime.types import TensorType
 
 SPEC = {s.name: s for s in SPECS}
@@ -26,16 +27,7 @@ def infer(name, attributes, *types):
 
 
 def run(name, attributes, types, values, backend="reference"):
-    node = bind_node(SPEC[name], attributes, types)
-    out = np.empty(node.output_type.shape, dtype=values[-1].dtype)
-    if backend == "cuda":
-        from numba import cuda
-
-        dev = cuda.device_array(out.shape, dtype=out.dtype)
-        node.atom.kernels["cuda"](node)([cuda.to_device(np.array(v, order="C")) for v in values], dev)
-        return dev.copy_to_host()
-    node.atom.kernels[backend](node)(values, out)
-    return out
+    return run_kernel(SPEC[name], attributes, types, values, backend)
 
 
 def expect_error(code, path, fn, *args):

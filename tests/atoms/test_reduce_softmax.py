@@ -9,6 +9,7 @@ from atoms.reduce import SPECS as REDUCE
 from atoms.softmax import SPECS as SOFTMAX
 from runtime.atomspec import InferContext, bind_node
 from runtime.errors import FormulaError
+from runtime.testing import run_kernel
 from runtime.types import TensorType
 
 SPEC = {s.name: s for s in REDUCE + SOFTMAX}
@@ -25,16 +26,7 @@ def infer(name, attributes, *types):
 
 
 def run(name, attributes, types, values, backend="reference"):
-    node = bind_node(SPEC[name], attributes, types)
-    out = np.empty(node.output_type.shape, dtype=values[0].dtype)
-    if backend == "cuda":
-        from numba import cuda
-
-        dev = cuda.device_array(out.shape, dtype=out.dtype)
-        node.atom.kernels["cuda"](node)([cuda.to_device(np.array(v, order="C")) for v in values], dev)
-        return dev.copy_to_host()
-    node.atom.kernels[backend](node)(values, out)
-    return out
+    return run_kernel(SPEC[name], attributes, types, values, backend)
 
 
 def test_infer_output_types():
