@@ -30,6 +30,6 @@ def compile(src: Any, backend: str = DEFAULT_BACKEND, registry: Registry | None 
 
 def execute(src: Any, inputs: Mapping[str, Any] | None = None, banks: Any = None,
             backend: str = DEFAULT_BACKEND, trace: bool = False,
-            registry: Registry | None = None) -> Result:
+            registry: Registry | None = None, out: Mapping[str, Any] | None = None) -> Result:
     """Load, compile and run once. For repeated runs, keep ``compile``'s executable."""
-    return compile(src, backend, registry).run(inputs=inputs, banks=banks, trace=trace)
+    return compile(src, backend, registry).run(inputs=inputs, banks=banks, trace=trace, out=out)

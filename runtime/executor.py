@@ -2,8 +2,9 @@
 
 A run binds and checks the values (SPEC §4), finds or builds the compiled plan for their
 extents (types, fused groups, kernels, arena layout, memory preflight — all before anything
-is allocated), then launches one kernel per group. Results are fresh arrays: nothing handed
-to the caller aliases the arena or a later run's memory.
+is allocated), then launches one kernel per group. Results never alias the arena or memory
+a later run writes: they are the caller's ``out=`` arrays, or arrays of the plan's
+:class:`~runtime.outputs.ResultPool` (fresh, or ones the caller has let go of entirely).
 """
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import attrs
 import numpy as np
 
 from .atomspec import Node
+from .backends.cuda import is_device_array
 from .bindings import bind_values
 from .errors import FormulaError, fail
 from .model import Program
+from .outputs import ResultPool, check_out
 from .planner import Plan, make_plan
 from .registry import Registry
 from .resolve import resolve_nodes
@@ -75,6 +78,7 @@ class CompiledPlan:
         self.backend = backend
         self._free_arenas: list[Any] = []
         self._lock = threading.Lock()
+        self.results = ResultPool()
 
     def acquire_arena(self):
         """Each concurrent run gets its own arena; arenas are reused run after run."""
@@ -174,9 +178,13 @@ class Executable:
                        group.output_slot, group.output_type, checks, label)
 
     # --- running ------------------------------------------------------------------------
-    def run(self, inputs: Mapping[str, Any] | None = None, banks: Any = None, trace: bool = False) -> Result:
+    def run(self, inputs: Mapping[str, Any] | None = None, banks: Any = None, trace: bool = False,
+            out: Mapping[str, Any] | None = None) -> Result:
+        """Run once. ``out`` maps output slots to arrays to write the results into (host
+        arrays, or device arrays for device results); results it leaves out are new arrays,
+        or earlier results the caller no longer refers to at all."""
         bound = bind_values(self.program, inputs, banks)
-        if self.backend.name != "cuda":
+        if not self.backend.device_memory:
             for name, v in bound.values.items():
                 if not isinstance(v, np.ndarray):
                     kind = "inputs" if self.program.binding(name).kind == "input" else "banks"
@@ -186,22 +194,37 @@ class Executable:
         dtypes = {b.name: formula_dtype(bound.values[b.name].dtype) for b in self.program.bindings
                   if b.value_type.dtype == "floating"}
         compiled = self._compiled(bound.dims, dtypes)
+        given = check_out(out, self.program.outputs, compiled.types, bound.values, is_device_array)
+        device_results = self.backend.device_memory and not _host_values(bound)
+        for slot, arr in given.items():
+            if is_device_array(arr) != device_results:
+                fail("out_buffer", f"$.out.{slot}", f"out[{slot!r}] must be a "
+                     f"{'device array' if device_results else 'host NumPy array'}: this run's "
+                     f"results are {'device' if device_results else 'host'} arrays")
         for node, positions in compiled.upfront_checks:
             _check(node, positions, lambda slot: bound.values[slot])
         arena = compiled.acquire_arena()
         try:
-            return self._execute(compiled, bound, arena, trace)
+            return self._execute(compiled, bound, arena, trace, given)
         finally:
             compiled.release_arena(arena)
 
-    def _execute(self, compiled: CompiledPlan, bound, arena, trace: bool) -> Result:
+    def _execute(self, compiled: CompiledPlan, bound, arena, trace: bool, given: dict[str, Any]) -> Result:
         backend = self.backend
         plan = compiled.plan
+        host_results = _host_values(bound)
         values: dict[str, Any] = {name: backend.to_backend(v) for name, v in bound.values.items()}
         outputs: dict[str, Any] = {}
+        pooled: list[str] = []
         for slot, buf in plan.buffers.items():
             if buf.kind == "output":
-                outputs[slot] = values[slot] = backend.empty(compiled.types[slot])
+                target = given.get(slot)
+                if target is not None and is_device_array(target) == backend.device_memory:
+                    outputs[slot] = values[slot] = target  # written in place by its kernel
+                else:
+                    t = compiled.types[slot]
+                    outputs[slot] = values[slot] = compiled.results.take(slot, lambda: backend.empty(t))
+                    pooled.append(slot)
             elif buf.kind == "temporary":
                 offset = buf.offset if buf.offset is not None else plan.buffers[buf.alias_of].offset
                 values[slot] = backend.view(arena, offset, compiled.types[slot])
@@ -226,9 +249,20 @@ class Executable:
                                 "ms": (time.perf_counter() - started) * 1e3,
                                 "bytes": launch.output_type.nbytes})
         backend.synchronize()
-        if all(isinstance(v, np.ndarray) for v in bound.values.values()):  # host in, host out
-            outputs = {slot: backend.to_host(v) for slot, v in outputs.items()}
+        for slot in pooled:
+            compiled.results.lend(slot, outputs[slot])
+        if host_results:  # host in, host out
+            for slot, v in outputs.items():
+                if slot in given and given[slot] is not v:
+                    v.copy_to_host(given[slot])  # a device result into the caller's host array
+                    outputs[slot] = given[slot]
+                else:
+                    outputs[slot] = backend.to_host(v)
         return Result({slot: outputs[slot] for slot in self.program.outputs}, records, plan)
+
+
+def _host_values(bound) -> bool:
+    return all(isinstance(v, np.ndarray) for v in bound.values.values())
 
 
 def _check(node: Node, positions, fetch) -> None:

@@ -11,6 +11,7 @@ from ..types import TensorType
 class Backend:
     name: str = "?"
     fuses: bool = False  # whether the planner should form fused groups for this backend
+    device_memory: bool = False  # arrays live on a device: host values are copied in and out
 
     def unavailable_reason(self) -> str | None:
         """None when the backend can run here, else why not (no GPU, missing extra...)."""

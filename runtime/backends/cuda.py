@@ -35,6 +35,7 @@ def is_device_array(value) -> bool:
 class CudaBackend(Backend):
     name = "cuda"
     fuses = True
+    device_memory = True
 
     def unavailable_reason(self) -> str | None:
         try:

@@ -1,0 +1,104 @@
+"""Result memory: caller-supplied ``out=`` arrays, and recycling of results the caller let go.
+
+A fresh result array costs a page fault per 4 KiB on first touch (PERFORMANCE-FACTS: a new
+32 MiB array is ~3 ms slower to fill than a warm one), which at large T is as much as a
+whole kernel. Two ways to avoid it without ever overwriting memory the caller can see:
+
+* ``out=``: the caller hands in the arrays to write (checked like bindings: keys, shape,
+  dtype, layout, no overlap with any operand or other output).
+* :class:`ResultPool`: each compiled plan keeps the last few result arrays it handed out and
+  reuses one only once nothing but the pool refers to it — no name, container, view,
+  buffer export or weak reference. That is exactly the state in which freeing it would be
+  safe, so reuse is indistinguishable from ``free`` followed by ``malloc`` of warm memory.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from .errors import fail
+from .types import TensorType, numpy_dtype
+
+KEEP_PER_SLOT = 2  # `y = exe.run(...)` in a loop still holds the previous result during a run
+_POOL_ONLY = 2  # getrefcount of a list item the pool alone holds: the list + the call's argument
+
+
+class ResultPool:
+    """Result arrays lent to callers, per output slot, reclaimed once they are unreferenced."""
+
+    def __init__(self):
+        self._lent: dict[str, list[Any]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, slot: str, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            lent = self._lent.get(slot)
+            if lent:
+                for i in range(len(lent)):
+                    if sys.getrefcount(lent[i]) == _POOL_ONLY and not weakref.getweakrefcount(lent[i]):
+                        return lent.pop(i)
+        return make()
+
+    def lend(self, slot: str, value: Any) -> None:
+        with self._lock:
+            lent = self._lent.setdefault(slot, [])
+            lent.append(value)
+            if len(lent) > KEEP_PER_SLOT:
+                del lent[0]  # the caller keeps it; it is simply no longer ours to reuse
+
+    def clear(self) -> None:
+        with self._lock:
+            self._lent.clear()
+
+
+def check_out(out: Any, outputs: tuple[str, ...], types: Mapping[str, TensorType],
+              operands: Mapping[str, Any], device: Callable[[Any], bool]) -> dict[str, Any]:
+    """``out`` as {output slot: array}, each one writable memory of the result's exact type
+    that no operand and no other output overlaps (a kernel reads operands while writing)."""
+    if out is None:
+        return {}
+    if not isinstance(out, Mapping):
+        fail("schema", "$.out", f"out must be a mapping of output slot to array, got {type(out).__name__}")
+    checked: dict[str, Any] = {}
+    for slot, arr in out.items():
+        path = f"$.out.{slot}"
+        if slot not in outputs:
+            fail("binding_keys", path, f"{slot!r} is not an output of the program (outputs: {list(outputs)})")
+        if arr is None:
+            continue
+        t = types[slot]
+        if not (isinstance(arr, np.ndarray) or device(arr)):
+            fail("out_buffer", path, f"out[{slot!r}] must be an array, got {type(arr).__name__}")
+        if tuple(arr.shape) != t.shape:
+            fail("binding_shape", path, f"out[{slot!r}] has shape {tuple(arr.shape)}; the result {slot!r} "
+                 f"has shape {t.shape} (axes {list(t.axes)})")
+        if np.dtype(arr.dtype) != numpy_dtype(t.dtype):
+            fail("binding_dtype", path, f"out[{slot!r}] has dtype {np.dtype(arr.dtype)}; the result {slot!r} is {t.dtype}")
+        if not _contiguous(arr):
+            fail("out_buffer", path, f"out[{slot!r}] must be C-contiguous")
+        if isinstance(arr, np.ndarray):
+            if not arr.flags.writeable:
+                fail("out_buffer", path, f"out[{slot!r}] is read-only")
+            if not arr.flags.aligned:
+                fail("out_buffer", path, f"out[{slot!r}] is not aligned to its dtype")
+            for name, value in list(operands.items()) + list(checked.items()):
+                if isinstance(value, np.ndarray) and np.may_share_memory(arr, value):
+                    fail("out_buffer", path, f"out[{slot!r}] overlaps the memory of {name!r}; "
+                         "results must be written to memory no operand or other result uses")
+        checked[slot] = arr
+    return checked
+
+
+def _contiguous(arr: Any) -> bool:
+    if isinstance(arr, np.ndarray):
+        return arr.flags.c_contiguous
+    is_c = getattr(arr, "is_c_contiguous", None)
+    if callable(is_c):
+        return bool(is_c())
+    iface = getattr(arr, "__cuda_array_interface__", None)
+    return iface is not None and iface.get("strides") is None
