@@ -48,8 +48,7 @@ def main(T: int, reps: int = 20) -> None:
     launch = compiled.launches[-1]
     values = {**inputs, **banks, "lora.gain": np.asarray(inputs["lora.gain"]),
               compiled.launches[0].output: rng.standard_normal((1, T, 32), dtype=np.float32)}
-    extras = [exe.backend.align(values[s], t, launch.output_type)
-              for s, t in zip(launch.extras, launch.extra_types)]
+    extras = [align(values[s]) for s, align in zip(launch.extras, launch.aligners)]
     out = np.empty(launch.output_type.shape, np.float32)
     run = lambda o: launch.run([values[s] for s in launch.inputs], extras, o)
     print(f"  last group into a reused output: {median_ms(lambda: run(out), reps):.2f} ms")

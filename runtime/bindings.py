@@ -247,6 +247,8 @@ def _all_finite(a: np.ndarray) -> bool:
     fast = all_finite(a)
     if fast is not None:
         return fast
+    if a.size < 1024:
+        return bool(_isfinite(a).all())
     if a.dtype in (np.float32, np.float64, np.float16):
         acc = np.float32 if a.dtype == np.float16 else a.dtype
         with np.errstate(all="ignore"):

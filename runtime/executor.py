@@ -62,6 +62,7 @@ class _Launch:
     inputs: tuple[str, ...]  # anchor (or lone node) operand slots
     extras: tuple[str, ...]  # epilogue operand slots, aligned to the output
     extra_types: tuple[TensorType, ...]
+    aligners: tuple[Any, ...]  # per extra: value -> keepdims form of the output
     output: str
     output_type: TensorType
     checks: tuple[tuple[Node, tuple[int, ...]], ...]  # value checks before this kernel
@@ -174,7 +175,8 @@ class Executable:
                 fail("backend_unavailable", anchor.path,
                      f"atom {anchor.atom.name} ({anchor.atom.ref}) has no {backend!r} kernel; "
                      f"it has: {', '.join(sorted(anchor.atom.kernels)) or 'none'}")
-        return _Launch(run, kind, tuple(inputs), epilogue.extra_slots, epilogue.extra_types,
+        aligners = tuple(self.backend.aligner(t, group.output_type) for t in epilogue.extra_types)
+        return _Launch(run, kind, tuple(inputs), epilogue.extra_slots, epilogue.extra_types, aligners,
                        group.output_slot, group.output_type, checks, label)
 
     # --- running ------------------------------------------------------------------------
@@ -237,8 +239,7 @@ class Executable:
             if launch.kind == "node":
                 launch.run([values[s] for s in launch.inputs], out)
             else:
-                extras = [backend.align(values[s], t, launch.output_type)
-                          for s, t in zip(launch.extras, launch.extra_types)]
+                extras = [align(values[s]) for s, align in zip(launch.extras, launch.aligners)]
                 if launch.kind == "anchor":
                     launch.run([values[s] for s in launch.inputs], extras, out)
                 else:

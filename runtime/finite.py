@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import numpy as np
 
-PARALLEL_MIN = 1 << 18  # below this NumPy's one pass is cheaper than waking threads
+PARALLEL_MIN = 1 << 18  # below this one thread is cheaper than waking the others
+SMALL = 16  # below this NumPy's isfinite is as cheap as a compiled call
 _CHUNKS = 64
 _kernels = {}
 
 
-def _kernel():
+def _kernel(parallel: bool):
     if not _kernels:
         from numba import njit, prange
+
+        @njit(cache=True, nogil=True)
+        def count_nonfinite_serial(bits, mask):
+            acc = np.uint64(0)
+            for i in range(np.uint64(bits.size)):
+                acc += np.uint64((bits[i] & mask) == mask)
+            return acc
 
         @njit(parallel=True, cache=True, nogil=True)
         def count_nonfinite(bits, mask):
@@ -28,13 +36,14 @@ def _kernel():
                 counts[c] = acc
             return counts.sum()
 
-        _kernels["count"] = count_nonfinite
-    return _kernels["count"]
+        _kernels[True] = count_nonfinite
+        _kernels[False] = count_nonfinite_serial
+    return _kernels[parallel]
 
 
 def all_finite(a: np.ndarray) -> bool | None:
-    """True/False for large contiguous float32/float64 arrays, None when NumPy should decide."""
-    if a.size < PARALLEL_MIN or a.dtype not in (np.float32, np.float64):
+    """True/False for contiguous float32/float64 arrays, None when NumPy should decide."""
+    if a.size < SMALL or a.dtype not in (np.float32, np.float64):
         return None
     if not (a.flags.c_contiguous or a.flags.f_contiguous):
         return None
@@ -43,7 +52,7 @@ def all_finite(a: np.ndarray) -> bool | None:
         bits, mask = flat.view(np.uint32), np.uint32(0x7F800000)
     else:
         bits, mask = flat.view(np.uint64), np.uint64(0x7FF0000000000000)
-    return _kernel()(bits, mask) == 0
+    return _kernel(a.size >= PARALLEL_MIN)(bits, mask) == 0
 
 
 _device_kernels = {}

@@ -1,6 +1,9 @@
 """Aligning an operand with another type's axes by name: a view, never a copy."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from .types import TensorType
@@ -12,11 +15,28 @@ def align_to(value, value_type: TensorType, target: TensorType, xp=np):
     Axes the value lacks, or has with extent 1, are broadcast (stride 0). Raises ValueError
     when an axis of the value is missing from the target or extents are incompatible.
     """
+    order, keep_shape = keepdims_order(value_type, target, value.shape)
+    moved = value.transpose(order) if value_type.rank > 1 else value
+    return np.broadcast_to(moved.reshape(keep_shape), target.shape)
+
+
+def keepdims_order(value_type: TensorType, target: TensorType,
+                   shape: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(axis permutation, shape) that put a value of ``value_type`` (extents ``shape``, by
+    default the type's) in the *keepdims form* of ``target``: target's rank and axis order,
+    extent 1 where the value is broadcast."""
     missing = [a for a in value_type.axes if a not in target.axes]
     if missing:
         raise ValueError(f"axes {missing} are not in the target type {target}")
-    order = sorted(range(value_type.rank), key=lambda i: target.axes.index(value_type.axes[i]))
-    moved = value.transpose(order) if value_type.rank > 1 else value
-    present = {value_type.axes[i]: value.shape[i] for i in range(value_type.rank)}
-    keep_shape = tuple(present.get(a, 1) for a in target.axes)
-    return np.broadcast_to(moved.reshape(keep_shape), target.shape)
+    order = tuple(sorted(range(value_type.rank), key=lambda i: target.axes.index(value_type.axes[i])))
+    present = dict(zip(value_type.axes, value_type.shape if shape is None else shape))
+    return order, tuple(present.get(a, 1) for a in target.axes)
+
+
+def keepdims_aligner(value_type: TensorType, target: TensorType) -> Callable[[Any], Any]:
+    """A function viewing a value in the keepdims form of ``target``; the permutation and
+    shape are worked out once, since kernels run this for every operand of every run."""
+    order, shape = keepdims_order(value_type, target)
+    if order == tuple(sorted(order)):
+        return lambda value: value if value.shape == shape else value.reshape(shape)
+    return lambda value: value.transpose(order).reshape(shape)

@@ -252,3 +252,22 @@ def test_store_object_resolves_banks_and_foreign_errors_are_wrapped(prog):
 
     assert bind_values(prog, inputs, Store()).values["w"] is banks["w"]
     raises("bank_store", "$.banks.w", bind_values, prog, inputs, Broken(), match="KeyError")
+
+
+@pytest.mark.parametrize("size", [3, 100, 5000, (1 << 18) + 7])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["C", "F", "strided"])
+def test_finiteness_scan_finds_one_bad_value_in_every_size_regime(size, dtype, layout):
+    from runtime.bindings import _all_finite
+    from runtime.finite import PARALLEL_MIN, SMALL
+
+    assert SMALL < 100 and 5000 < PARALLEL_MIN < (1 << 18) + 8  # the sizes cover each path
+    base = np.ones((size, 2), dtype)
+    a = {"C": base, "F": np.asfortranarray(base), "strided": base[:, :1]}[layout]
+    assert _all_finite(a)
+    for bad in (np.nan, np.inf, -np.inf):
+        b = a.copy(order="K") if layout != "strided" else base.copy()[:, :1]
+        b[size // 2, 0] = bad
+        assert not _all_finite(b), (size, layout, bad)
+    huge = np.full_like(a, np.finfo(dtype).max)  # finite, and its sum overflows
+    assert _all_finite(huge)

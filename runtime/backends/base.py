@@ -2,6 +2,7 @@
 transfers and the generic fused-elementwise kernel."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..fusion import Epilogue
@@ -36,14 +37,16 @@ class Backend:
     def to_host(self, value: Any) -> Any:
         return value
 
-    def align(self, value: Any, value_type: TensorType, target: TensorType) -> Any:
-        """``value`` broadcast by axis name to ``target``'s shape (stride-0 axes)."""
+    def aligner(self, value_type: TensorType, target: TensorType) -> Callable[[Any], Any]:
+        """A function giving a value of ``value_type`` in the keepdims form of ``target`` (its
+        rank and axis order, extent 1 where broadcast): how fused kernels take their epilogue
+        operands. Built once per compiled plan, called on every run."""
         raise NotImplementedError
 
     # --- kernels ------------------------------------------------------------------------
     def elementwise_kernel(self, epilogue: Epilogue, out_type: TensorType):
         """A kernel ``run(extras, out)`` computing an anchorless fused elementwise chain,
-        ``extras`` being the epilogue's operands aligned to ``out_type``."""
+        ``extras`` being the epilogue's operands in keepdims form of ``out_type``."""
         raise NotImplementedError
 
     def synchronize(self) -> None:

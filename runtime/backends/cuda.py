@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 
+from ..layout import keepdims_order
 from ..types import TensorType, numpy_dtype
 from .base import Backend
 
@@ -75,18 +76,17 @@ class CudaBackend(Backend):
             return value
         return value.copy_to_host()
 
-    def align(self, value, value_type: TensorType, target: TensorType):
-        """Device operands in 'keepdims' form: target's rank and axis order, extent 1 where
-        broadcast. A view when the operand's axes already follow the target's order."""
-        order = sorted(range(value_type.rank), key=lambda i: target.axes.index(value_type.axes[i]))
-        present = {value_type.axes[i]: value_type.shape[i] for i in range(value_type.rank)}
-        keep_shape = tuple(present.get(a, 1) for a in target.axes)
-        if tuple(value.shape) == keep_shape:
-            return value
-        if order == sorted(order):
-            return value.reshape(keep_shape)
-        host = self.to_host(value).transpose(order)
-        return self.cuda.to_device(np.ascontiguousarray(host).reshape(keep_shape))
+    def aligner(self, value_type: TensorType, target: TensorType):
+        """Device operands in keepdims form: a view when the operand's axes already follow
+        the target's order, else a transposed copy through the host."""
+        order, keep_shape = keepdims_order(value_type, target)
+        if order == tuple(sorted(order)):
+            return lambda value: value if tuple(value.shape) == keep_shape else value.reshape(keep_shape)
+
+        def transposed(value):
+            host = self.to_host(value).transpose(order)
+            return self.cuda.to_device(np.ascontiguousarray(host).reshape(keep_shape))
+        return transposed
 
     def elementwise_kernel(self, epilogue, out_type):
         from .cuda_codegen import elementwise_kernel

@@ -25,7 +25,7 @@ def align_device(value, value_type: TensorType, target: TensorType):
     extent 1 where broadcast (the CUDA backend's own alignment)."""
     from .cuda import CudaBackend
 
-    return CudaBackend().align(value, value_type, target)
+    return CudaBackend().aligner(value_type, target)(value)
 
 
 def render(name: str, params: Sequence[str], dims: Sequence[str], body: Sequence[str]) -> str:

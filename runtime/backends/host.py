@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layout import align_to
+from ..layout import keepdims_aligner
 from ..types import TensorType, numpy_dtype
 from .base import Backend
 
@@ -24,5 +24,5 @@ class HostBackend(Backend):
     def empty(self, t: TensorType):
         return np.empty(t.shape, dtype=numpy_dtype(t.dtype))
 
-    def align(self, value, value_type: TensorType, target: TensorType):
-        return align_to(value, value_type, target)
+    def aligner(self, value_type: TensorType, target: TensorType):
+        return keepdims_aligner(value_type, target)
