@@ -19,7 +19,7 @@ import numpy as np
 
 from .atomspec import Node
 from .backends.cuda import is_device_array
-from .bindings import bind_values
+from .bindings import Binder
 from .errors import FormulaError, fail
 from .model import Program
 from .outputs import ResultPool, check_out
@@ -77,16 +77,22 @@ class CompiledPlan:
         self.launches = launches
         self.upfront_checks = upfront_checks
         self.backend = backend
-        self._free_arenas: list[Any] = []
+        self._free_arenas: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.results = ResultPool()
+        self.outputs = tuple((slot, types[slot]) for slot, buf in plan.buffers.items() if buf.kind == "output")
+        self._temporaries = tuple(
+            (slot, buf.offset if buf.offset is not None else plan.buffers[buf.alias_of].offset, types[slot])
+            for slot, buf in plan.buffers.items() if buf.kind == "temporary")
 
-    def acquire_arena(self):
-        """Each concurrent run gets its own arena; arenas are reused run after run."""
+    def acquire_arena(self) -> dict[str, Any]:
+        """Each concurrent run gets its own arena, reused run after run: given as the views
+        of every temporary slot into it, made once per arena."""
         with self._lock:
             if self._free_arenas:
                 return self._free_arenas.pop()
-        return self.backend.allocate(self.plan.arena_bytes)
+        arena = self.backend.allocate(self.plan.arena_bytes)
+        return {slot: self.backend.view(arena, offset, t) for slot, offset, t in self._temporaries}
 
     def release_arena(self, arena) -> None:
         with self._lock:
@@ -102,6 +108,8 @@ class Executable:
                       for i, ins in enumerate(program.instructions)]
         self._plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()
         self._plans_lock = threading.Lock()
+        self._binder = Binder(program)
+        self._by_structure: dict[tuple, CompiledPlan] = {}
 
     # --- planning -----------------------------------------------------------------------
     def plan(self, dims: Mapping[str, int] | None = None, dtypes: Mapping[str, str] | None = None) -> Plan:
@@ -185,20 +193,14 @@ class Executable:
         """Run once. ``out`` maps output slots to arrays to write the results into (host
         arrays, or device arrays for device results); results it leaves out are new arrays,
         or earlier results the caller no longer refers to at all."""
-        bound = bind_values(self.program, inputs, banks)
-        if not self.backend.device_memory:
-            for name, v in bound.values.items():
-                if not isinstance(v, np.ndarray):
-                    kind = "inputs" if self.program.binding(name).kind == "input" else "banks"
-                    fail("binding_dtype", f"$.{kind}.{name}",
-                         f"{name!r} is a device array; backend {self.backend.name!r} takes host "
-                         "NumPy arrays (use backend='cuda', or copy it to the host)")
-        dtypes = {b.name: formula_dtype(bound.values[b.name].dtype) for b in self.program.bindings
-                  if b.value_type.dtype == "floating"}
-        compiled = self._compiled(bound.dims, dtypes)
-        given = check_out(out, self.program.outputs, compiled.types, bound.values, is_device_array)
-        device_results = self.backend.device_memory and not _host_values(bound)
-        for slot, arr in given.items():
+        bound = self._binder.bind(inputs, banks)
+        compiled = self._by_structure.get(bound.structure) if bound.structure is not None else None
+        if compiled is None:
+            compiled = self._compiled_for(bound)
+        given = check_out(out, self.program.outputs, compiled.types, bound.values, is_device_array) \
+            if out is not None else {}
+        device_results = bool(given) and self.backend.device_memory and not _host_values(bound)
+        for slot, arr in given.items():  # the kind of memory each out array must be
             if is_device_array(arr) != device_results:
                 fail("out_buffer", f"$.out.{slot}", f"out[{slot!r}] must be a "
                      f"{'device array' if device_results else 'host NumPy array'}: this run's "
@@ -211,25 +213,42 @@ class Executable:
         finally:
             compiled.release_arena(arena)
 
-    def _execute(self, compiled: CompiledPlan, bound, arena, trace: bool, given: dict[str, Any]) -> Result:
+    def _compiled_for(self, bound) -> CompiledPlan:
+        """The compiled plan for these values' extents and float dtypes (host backends refuse
+        device arrays here). Remembered per value structure for the binder's fast path."""
+        if not self.backend.device_memory:
+            for name, v in bound.values.items():
+                if not isinstance(v, np.ndarray):
+                    kind = "inputs" if self.program.binding(name).kind == "input" else "banks"
+                    fail("binding_dtype", f"$.{kind}.{name}",
+                         f"{name!r} is a device array; backend {self.backend.name!r} takes host "
+                         "NumPy arrays (use backend='cuda', or copy it to the host)")
+        dtypes = {b.name: formula_dtype(bound.values[b.name].dtype) for b in self.program.bindings
+                  if b.value_type.dtype == "floating"}
+        compiled = self._compiled(bound.dims, dtypes)
+        if bound.structure is not None:
+            if len(self._by_structure) >= MAX_CACHED_PLANS:
+                self._by_structure.clear()
+            self._by_structure[bound.structure] = compiled
+        return compiled
+
+    def _execute(self, compiled: CompiledPlan, bound, arena: dict[str, Any], trace: bool,
+                 given: dict[str, Any]) -> Result:
         backend = self.backend
         plan = compiled.plan
-        host_results = _host_values(bound)
-        values: dict[str, Any] = {name: backend.to_backend(v) for name, v in bound.values.items()}
+        host_results = backend.device_memory and _host_values(bound)
+        values: dict[str, Any] = dict(bound.values) if not backend.device_memory else \
+            {name: backend.to_backend(v) for name, v in bound.values.items()}
+        values.update(arena)
         outputs: dict[str, Any] = {}
         pooled: list[str] = []
-        for slot, buf in plan.buffers.items():
-            if buf.kind == "output":
-                target = given.get(slot)
-                if target is not None and is_device_array(target) == backend.device_memory:
-                    outputs[slot] = values[slot] = target  # written in place by its kernel
-                else:
-                    t = compiled.types[slot]
-                    outputs[slot] = values[slot] = compiled.results.take(slot, lambda: backend.empty(t))
-                    pooled.append(slot)
-            elif buf.kind == "temporary":
-                offset = buf.offset if buf.offset is not None else plan.buffers[buf.alias_of].offset
-                values[slot] = backend.view(arena, offset, compiled.types[slot])
+        for slot, t in compiled.outputs:
+            target = given.get(slot) if given else None
+            if target is not None and is_device_array(target) == backend.device_memory:
+                outputs[slot] = values[slot] = target  # written in place by its kernel
+            else:
+                outputs[slot] = values[slot] = compiled.results.take(slot, lambda: backend.empty(t))
+                pooled.append(slot)
         records = [] if trace else None
         for launch in compiled.launches:
             for node, positions in launch.checks:
@@ -252,7 +271,7 @@ class Executable:
         backend.synchronize()
         for slot in pooled:
             compiled.results.lend(slot, outputs[slot])
-        if host_results:  # host in, host out
+        if host_results:  # a device backend given host values: host results
             for slot, v in outputs.items():
                 if slot in given and given[slot] is not v:
                     v.copy_to_host(given[slot])  # a device result into the caller's host array

@@ -17,10 +17,12 @@ def _kernel(parallel: bool):
         from numba import njit, prange
 
         @njit(cache=True, nogil=True)
-        def count_nonfinite_serial(bits, mask):
-            acc = np.uint64(0)
-            for i in range(np.uint64(bits.size)):
-                acc += np.uint64((bits[i] & mask) == mask)
+        def count_nonfinite_serial(a):  # any C-contiguous float array: no views to make first
+            flat = a.reshape(a.size)
+            acc = 0
+            for i in range(flat.size):
+                v = flat[i]
+                acc += (v - v) != 0  # NaN and ±inf give NaN
             return acc
 
         @njit(parallel=True, cache=True, nogil=True)
@@ -43,16 +45,22 @@ def _kernel(parallel: bool):
 
 def all_finite(a: np.ndarray) -> bool | None:
     """True/False for contiguous float32/float64 arrays, None when NumPy should decide."""
-    if a.size < SMALL or a.dtype not in (np.float32, np.float64):
+    if a.dtype.char not in "fd" or a.size < SMALL:
         return None
-    if not (a.flags.c_contiguous or a.flags.f_contiguous):
+    if a.flags.c_contiguous:
+        if a.size < PARALLEL_MIN:
+            return _kernel(False)(a) == 0
+    elif a.flags.f_contiguous:
+        if a.size < PARALLEL_MIN:
+            return _kernel(False)(a.T) == 0
+    else:
         return None
     flat = a.reshape(-1, order="A")
     if a.dtype == np.float32:
         bits, mask = flat.view(np.uint32), np.uint32(0x7F800000)
     else:
         bits, mask = flat.view(np.uint64), np.uint64(0x7FF0000000000000)
-    return _kernel(a.size >= PARALLEL_MIN)(bits, mask) == 0
+    return _kernel(True)(bits, mask) == 0
 
 
 _device_kernels = {}

@@ -271,3 +271,43 @@ def test_finiteness_scan_finds_one_bad_value_in_every_size_regime(size, dtype, l
         assert not _all_finite(b), (size, layout, bad)
     huge = np.full_like(a, np.finfo(dtype).max)  # finite, and its sum overflows
     assert _all_finite(huge)
+
+
+def _error(fn, *args):
+    try:
+        fn(*args)
+    except FormulaError as exc:
+        return exc.code, exc.path, exc.message
+    return None
+
+
+def test_a_warm_binder_checks_each_run_exactly_like_the_full_path(prog):
+    from runtime.bindings import Binder
+
+    binder = Binder(prog)
+    inputs, banks = good(prog)
+    first = binder.bind(inputs, banks)
+    assert binder._last is not None  # the fast path is armed for this structure
+    x_inf = inputs["x"].copy()
+    x_inf[1, 2] = np.inf
+    w_nan = banks["w"].copy()
+    w_nan[2, 1] = np.nan
+    cases = {
+        "inf in x": ({**inputs, "x": x_inf}, banks),
+        "nan in a bank": (inputs, {"w": w_nan}),
+        "-inf in a float16": ({**inputs, "any": np.array([1, -np.inf], np.float16)}, banks),
+        "nan gain": ({**inputs, "gain": np.float32("nan")}, banks),
+        "symbol conflict": ({**inputs, "idx": np.arange(3)}, banks),
+        "wrong dtype": ({**inputs, "x": inputs["x"].astype(np.float64)}, banks),
+        "missing": ({k: v for k, v in inputs.items() if k != "mask"}, banks),
+        "extra": ({**inputs, "w": banks["w"]}, banks),
+    }
+    for name, (i, b) in cases.items():
+        want = _error(bind_values, prog, i, b)
+        assert want is not None, name
+        assert _error(binder.bind, i, b) == want, name
+    be = binder.bind({**inputs, "x": inputs["x"].astype(">f4")}, banks)
+    assert be.values["x"].dtype.isnative and np.array_equal(be.values["x"], inputs["x"])
+    again = binder.bind(inputs, banks)
+    assert again.dims == first.dims and again.binding_bytes == first.binding_bytes
+    assert again.values["x"] is inputs["x"] and list(again.values) == list(first.values)

@@ -191,8 +191,8 @@ def test_mutated_inputs_raise_only_formula_errors(data):
                 [arr.reshape(-1), arr[None], np.zeros((3,) + arr.shape[1:], arr.dtype)]
                 + ([arr[..., :1]] if arr.ndim else [])))
         elif op == "nan":
-            if np.asarray(current).dtype.kind not in "biuf":  # an earlier mutation left non-numbers
-                continue
+            if np.asarray(current).dtype.kind not in "biuf" or np.asarray(current).size == 0:
+                continue  # an earlier mutation left non-numbers or an empty array
             arr = np.array(current, dtype=np.float32, copy=True)
             arr.flat[0] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]))
             target[name] = arr
