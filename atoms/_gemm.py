@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
+from runtime import vmath
 from runtime.codegen import configure_numba_cache, load_generated
 from runtime.errors import FormulaError
 from runtime.fusion import Epilogue
@@ -309,6 +310,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
          "import math", "import numpy as np",
          "from numba import njit, prange",
          "from atoms._gemm import ext_sgemm as _sgemm, ext_dgemm as _dgemm, ext_sgemv as _sgemv, ext_dgemv as _dgemv",
+         vmath.IMPORT,
          "",
          f"@njit(cache=True, parallel={parallel}, nogil=True, error_model='numpy')",
          f"def kernel({params}):",
@@ -365,7 +367,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     reads = [f"x{j}[x{j}r + {uindex_code(f'x{j}n', ad.kinds[2], 'j')}]" for j, ad in enumerate(extra_addr)]
     L.append("                    acc = scratch[srow + j]")
     lines, result = epilogue.emit("acc", reads, indent="                    ")
-    L += lines
+    L += vmath.cpu_code(lines)
     L.append(f"                    out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}] = {result}")
     return "\n".join(L) + "\n"
 

@@ -183,6 +183,8 @@ def test_mutated_inputs_raise_only_formula_errors(data):
         elif op == "odd" or not isinstance(current, np.ndarray):
             target[name] = data.draw(odd_values)
         elif op == "dtype":
+            if np.asarray(current).dtype.kind not in "biufc":  # a string left by an earlier mutation
+                continue
             target[name] = np.asarray(current).astype(data.draw(st.sampled_from(
                 [np.float64, np.float16, np.int64, np.int32, np.bool_, np.complex64])))
         elif op == "shape":

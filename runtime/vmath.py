@@ -1,0 +1,75 @@
+"""Vectorisable scalar math for generated CPU kernels.
+
+Numba (LLVM without a vector math library: llvmlite no longer carries SVML) compiles
+``math.exp`` to a scalar libm call, which keeps every loop around it scalar: a fused
+``x·Aᵀ → silu`` epilogue spent more time in ``exp`` than in its GEMM tile. :func:`vexp` is
+plain arithmetic (range reduction by ln 2, a degree-13 polynomial, the power of two built from
+its bits), so LLVM vectorises the loops that call it (≈4× faster silu on AVX-512).
+
+Accuracy: within ~1 ulp of libm over float64's range; NaN and ±inf as ``math.exp``; results
+below 2⁻¹⁰²² (subnormals) are flushed to 0. Elementwise expressions stay written with
+``math.exp`` (valid in Python, njit and CUDA); the CPU code generators swap it in
+(:func:`cpu_code`), and CUDA keeps the device's own ``exp``.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+# Part of every generated source that uses it: a change here must change their text, so
+# Numba's disk cache (keyed by the generated file) never serves kernels built on the old code.
+VERSION = 1
+IMPORT = f"from runtime.vmath import vexp as _vexp  # vmath v{VERSION}"
+
+
+@intrinsic
+def _bits_as_float64(typingctx, bits):
+    """Reinterpret an int64 as the float64 with the same bits (vectorises, unlike a view)."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+    return sig, codegen
+
+
+@njit(inline="always", error_model="numpy")
+def vexp(x):
+    x = np.float64(x)
+    xc = x if x > -708.3 else -708.3
+    xc = xc if xc < 709.78 else 709.78
+    n = np.floor(xc * 1.4426950408889634 + 0.5)  # exp(x) = 2^n · exp(r), |r| <= ln2 / 2
+    r = (xc - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10
+    p = 1.6059043836821613e-10  # Taylor coefficients 1/13! ... 1/0!
+    p = p * r + 2.08767569878681e-09
+    p = p * r + 2.505210838544172e-08
+    p = p * r + 2.755731922398589e-07
+    p = p * r + 2.7557319223985893e-06
+    p = p * r + 2.48015873015873e-05
+    p = p * r + 0.0001984126984126984
+    p = p * r + 0.001388888888888889
+    p = p * r + 0.008333333333333333
+    p = p * r + 0.041666666666666664
+    p = p * r + 0.16666666666666666
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    k = np.int64(n)
+    half = k >> 1  # 2^n as two factors: n = 1024 (just below overflow) has no float64 exponent
+    res = p * _bits_as_float64((half + 1023) << 52) * _bits_as_float64((k - half + 1023) << 52)
+    if x > 709.782712893384:
+        res = np.inf
+    if x < -708.3:
+        res = 0.0
+    if x != x:
+        res = x
+    return res
+
+
+def cpu_code(lines: Iterable[str]) -> list[str]:
+    """Generated CPU source lines with ``math.exp`` calls evaluated by :func:`vexp`
+    (the module must also contain :data:`IMPORT`)."""
+    return [line.replace("math.exp(", "_vexp(") for line in lines]
