@@ -321,9 +321,12 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
         for g, kind in enumerate(ad.kinds):
             if kind == "affine":
                 L.append(f"    s_{nm}{'bmn'[g]} = ints[{_I_ADDR + 3 * a + g}]")
+    counting = bool(epilogue.checked)  # count non-finite values of checked extras, return it
     L += ["    ntm = (m + tm - 1) // tm",
           "    ntiles = nb * ntm",
+          "    counts = np.zeros(nwork, np.int64)",
           f"    for w in {'prange' if parallel else 'range'}(nwork):",
+          "        nf = 0",
           f"        scratch = np.empty(tm * n, np.{dt})",
           "        prm = np.empty(8, np.int32)",
           "        prm[0] = n", "        prm[2] = k", "        prm[3] = ldb",
@@ -366,9 +369,13 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
           "                for j in range(np.uint64(n)):"]
     reads = [f"x{j}[x{j}r + {uindex_code(f'x{j}n', ad.kinds[2], 'j')}]" for j, ad in enumerate(extra_addr)]
     L.append("                    acc = scratch[srow + j]")
-    lines, result = epilogue.emit("acc", reads, indent="                    ")
+    lines, result = epilogue.emit("acc", reads, indent="                    ",
+                                  nonfinite="nf" if counting else None)
     L += vmath.cpu_code(lines)
     L.append(f"                    out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}] = {result}")
+    L.append("        counts[w] = nf")
+    if counting:
+        L.append("    return counts.sum()")
     return "\n".join(L) + "\n"
 
 
@@ -406,7 +413,9 @@ def keepdims_flattener(t: TensorType, out_type: TensorType):
 
 
 def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
-    """``run(inputs, extras, out)``: BLAS row tiles in prange, epilogue applied per hot tile."""
+    """``run(inputs, extras, out)``: BLAS row tiles in prange, epilogue applied per hot tile.
+    Returns the number of non-finite values read from the epilogue's ``checked`` extras
+    (None when there are none)."""
     lt, rt = node.input_types
     dt = numba_float(lt.dtype, node, "cpu")
     out_type = node.output_type
@@ -455,10 +464,9 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
         b3, (tb, ldb, sbb) = blas_operand(as_batched(inputs[1], low.right_order, shape_r))
         xs = [flat(x) for flat, x in zip(flatteners, extras)]
         if guard is None:
-            kernel(ints, ta, lda, sab, tb, ldb, sbb, a3, b3, out.reshape(-1), *xs, *tables, nwork)
-        else:
-            with guard:
-                kernel(ints, ta, lda, sab, tb, ldb, sbb, a3, b3, out.reshape(-1), *xs, *tables, nwork)
+            return kernel(ints, ta, lda, sab, tb, ldb, sbb, a3, b3, out.reshape(-1), *xs, *tables, nwork)
+        with guard:
+            return kernel(ints, ta, lda, sab, tb, ldb, sbb, a3, b3, out.reshape(-1), *xs, *tables, nwork)
     return run
 
 

@@ -161,5 +161,6 @@ SPECS = [
              infer=infer_contract,
              kernels={"reference": _ref, "cpu": _plain(cpu_anchor), "cuda": _plain(cuda_anchor)},
              anchors={"cpu": cpu_anchor, "cuda": cuda_anchor},
+             anchor_counts_nonfinite=frozenset({"cpu"}),
              summary="sum over reduced axis pairs by name (batched GEMM; anchors epilogues)"),
 ]

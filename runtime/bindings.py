@@ -40,6 +40,7 @@ class BoundValues:
     dims: dict[str, int]
     binding_bytes: int
     structure: tuple | None = None  # set by Binder's fast path: names, dtypes, shapes as last run
+    unchecked: frozenset[str] = frozenset()  # float values whose finiteness a kernel checks
 
 
 def bind_values(program, inputs: Mapping[str, Any] | None, banks: Any) -> BoundValues:
@@ -279,6 +280,23 @@ class Binder:
         self._eligible = not any(b.kind == "bank" and b.bundle_id is None and b.asset_fingerprint
                                  is not None for b in program.bindings)
         self._last: tuple[tuple, BoundValues] | None = None
+        self._deferred: dict[tuple, frozenset[str]] = {}
+
+    def defer(self, structure: tuple, names: frozenset[str]) -> None:
+        """Runs of this structure leave the finiteness of ``names`` to the kernels that read
+        them whole and count what they read (the executor then calls :meth:`check_finite`)."""
+        if len(self._deferred) > 64:
+            self._deferred.clear()
+        self._deferred[structure] = frozenset(names)
+
+    def check_finite(self, bound: BoundValues, names, inputs: Any, banks: Any) -> None:
+        """Raise the full path's precise ``nonfinite`` error if any of ``names`` is not finite."""
+        for name in names:
+            if not _all_finite(bound.values[name]):
+                bind_values(self.program, inputs, banks)  # names the value and the index
+                kind = "inputs" if self.program.binding(name).kind == "input" else "banks"
+                fail("nonfinite", f"$.{kind}.{name}", f"{name!r} holds non-finite values "
+                     "(it changed while the run read it)")
 
     def bind(self, inputs: Any, banks: Any) -> BoundValues:
         fast = self._fast(inputs, banks) if self._eligible else None
@@ -318,11 +336,13 @@ class Binder:
         if got is None or got[0] != last[0]:
             return None
         values = got[1]
-        for (_, _, floating), v in zip(self._order, values):
-            if floating and not _all_finite(v):
+        skip = self._deferred.get(last[0], frozenset())
+        for (name, _, floating), v in zip(self._order, values):
+            if floating and name not in skip and not _all_finite(v):
                 return None  # the full path names the value and the index
         bound = last[1]
-        return BoundValues(dict(zip(bound.values, values)), bound.dims, bound.binding_bytes, last[0])
+        return BoundValues(dict(zip(bound.values, values)), bound.dims, bound.binding_bytes,
+                           last[0], skip)
 
 
 @attrs.define

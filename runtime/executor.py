@@ -26,7 +26,7 @@ from .outputs import ResultPool, check_out
 from .planner import Plan, make_plan
 from .registry import Registry
 from .resolve import resolve_nodes
-from .types import TensorType, formula_dtype
+from .types import FLOAT_DTYPES, TensorType, formula_dtype
 
 MAX_CACHED_PLANS = 16
 
@@ -63,6 +63,7 @@ class _Launch:
     extras: tuple[str, ...]  # epilogue operand slots, aligned to the output
     extra_types: tuple[TensorType, ...]
     aligners: tuple[Any, ...]  # per extra: value -> keepdims form of the output
+    counts_nonfinite: tuple[str, ...]  # binding slots whose finiteness the kernel counts
     output: str
     output_type: TensorType
     checks: tuple[tuple[Node, tuple[int, ...]], ...]  # value checks before this kernel
@@ -73,6 +74,8 @@ class CompiledPlan:
     def __init__(self, plan: Plan, types: dict[str, TensorType], launches: list[_Launch],
                  upfront_checks, backend):
         self.plan = plan
+        # float bindings a kernel reads in full and checks itself (see AtomSpec.anchor_counts_nonfinite)
+        self.deferred_finite = frozenset(s for launch in launches for s in launch.counts_nonfinite)
         self.types = types
         self.launches = launches
         self.upfront_checks = upfront_checks
@@ -148,6 +151,7 @@ class Executable:
                          slot_index={s.slot_id: i for i, s in enumerate(program.slots)},
                          binding_kinds={b.name: b.kind for b in program.bindings})
         binding_slots = set(binding_types)
+        unclaimed = {n for n, t in binding_types.items() if t.dtype in FLOAT_DTYPES}
         launches, upfront = [], []
         for group in plan.groups:
             checks = []
@@ -158,10 +162,11 @@ class Executable:
                         upfront.append(entry)
                     else:
                         checks.append(entry)
-            launches.append(self._launch(group, tuple(checks)))
+            launches.append(self._launch(group, tuple(checks), unclaimed))
+            unclaimed.difference_update(launches[-1].counts_nonfinite)
         return CompiledPlan(plan, types, launches, tuple(upfront), self.backend)
 
-    def _launch(self, group, checks) -> _Launch:
+    def _launch(self, group, checks, unclaimed: set[str]) -> _Launch:
         backend = self.backend.name
         label = {"instructions": [n.instruction_id for n in group.nodes],
                  "atoms": [n.atom.ref for n in group.nodes], "backend": backend}
@@ -178,14 +183,20 @@ class Executable:
             else:
                 factory = anchor.atom.anchors.get(backend)
                 kind = "anchor"
+                if backend in anchor.atom.anchor_counts_nonfinite:
+                    checked = tuple(k for k, slot in enumerate(epilogue.extra_slots) if slot in unclaimed)
+                    epilogue = attrs.evolve(epilogue, checked=checked)
                 run = factory(anchor, epilogue) if factory else None
             if run is None:
                 fail("backend_unavailable", anchor.path,
                      f"atom {anchor.atom.name} ({anchor.atom.ref}) has no {backend!r} kernel; "
                      f"it has: {', '.join(sorted(anchor.atom.kernels)) or 'none'}")
         aligners = tuple(self.backend.aligner(t, group.output_type) for t in epilogue.extra_types)
+        counted = tuple(dict.fromkeys(epilogue.extra_slots[k] for k in epilogue.checked))
+        if counted:
+            label["checks_finite"] = list(counted)
         return _Launch(run, kind, tuple(inputs), epilogue.extra_slots, epilogue.extra_types, aligners,
-                       group.output_slot, group.output_type, checks, label)
+                       counted, group.output_slot, group.output_type, checks, label)
 
     # --- running ------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, Any] | None = None, banks: Any = None, trace: bool = False,
@@ -197,6 +208,8 @@ class Executable:
         compiled = self._by_structure.get(bound.structure) if bound.structure is not None else None
         if compiled is None:
             compiled = self._compiled_for(bound)
+            if bound.structure is not None:
+                self._binder.defer(bound.structure, compiled.deferred_finite)
         given = check_out(out, self.program.outputs, compiled.types, bound.values, is_device_array) \
             if out is not None else {}
         device_results = bool(given) and self.backend.device_memory and not _host_values(bound)
@@ -205,11 +218,13 @@ class Executable:
                 fail("out_buffer", f"$.out.{slot}", f"out[{slot!r}] must be a "
                      f"{'device array' if device_results else 'host NumPy array'}: this run's "
                      f"results are {'device' if device_results else 'host'} arrays")
+        if given and bound.unchecked:  # the caller's out arrays are never written on bad input
+            self._binder.check_finite(bound, bound.unchecked, inputs, banks)
         for node, positions in compiled.upfront_checks:
             _check(node, positions, lambda slot: bound.values[slot])
         arena = compiled.acquire_arena()
         try:
-            return self._execute(compiled, bound, arena, trace, given)
+            return self._execute(compiled, bound, arena, trace, given, (inputs, banks))
         finally:
             compiled.release_arena(arena)
 
@@ -233,7 +248,7 @@ class Executable:
         return compiled
 
     def _execute(self, compiled: CompiledPlan, bound, arena: dict[str, Any], trace: bool,
-                 given: dict[str, Any]) -> Result:
+                 given: dict[str, Any], raw: tuple[Any, Any]) -> Result:
         backend = self.backend
         plan = compiled.plan
         host_results = backend.device_memory and _host_values(bound)
@@ -260,7 +275,8 @@ class Executable:
             else:
                 extras = [align(values[s]) for s, align in zip(launch.extras, launch.aligners)]
                 if launch.kind == "anchor":
-                    launch.run([values[s] for s in launch.inputs], extras, out)
+                    if launch.run([values[s] for s in launch.inputs], extras, out):  # non-finite read
+                        self._binder.check_finite(bound, launch.counts_nonfinite, *raw)
                 else:
                     launch.run(extras, out)
             if trace:

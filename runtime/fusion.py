@@ -30,6 +30,7 @@ class Epilogue:
     steps: tuple[EpilogueStep, ...]
     extra_slots: tuple[str, ...]  # slots read by the steps, besides the chain value
     extra_types: tuple[TensorType, ...]
+    checked: tuple[int, ...] = ()  # extras whose non-finite values the kernel must count
 
     @property
     def empty(self) -> bool:
@@ -39,10 +40,15 @@ class Epilogue:
     def n_extra(self) -> int:
         return len(self.extra_slots)
 
-    def emit(self, value: str | None, extras: Sequence[str], indent: str = "") -> tuple[list[str], str]:
+    def emit(self, value: str | None, extras: Sequence[str], indent: str = "",
+             nonfinite: str | None = None) -> tuple[list[str], str]:
         """Lines computing the chain from ``value`` (None for a chain with no anchor) and the
-        element expressions ``extras``; returns the lines and the name of the result."""
+        element expressions ``extras``; returns the lines and the name of the result. With
+        ``nonfinite`` (an integer variable of the kernel), the lines also add to it the
+        number of NaN/±inf among the ``checked`` extras' elements (branch-free: vectorises)."""
         lines = [f"{indent}_e{k} = {src}" for k, src in enumerate(extras)]
+        if nonfinite is not None:
+            lines += [f"{indent}{nonfinite} += (_e{k} - _e{k}) != 0" for k in self.checked]
         current = value
         for s, step in enumerate(self.steps):
             args = [current if src == CHAIN else f"_e{src}" for src in step.sources]
@@ -57,7 +63,7 @@ class Epilogue:
     @property
     def key(self) -> str:
         """A stable digest of the scalar code, for naming generated kernels."""
-        text = "|".join(f"{s.op.expr}:{s.sources}" for s in self.steps)
+        text = "|".join(f"{s.op.expr}:{s.sources}" for s in self.steps) + f"|checked={self.checked}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -182,3 +182,34 @@ def test_reshape_infers_a_new_symbol_at_plan_time_without_input_symbols():
     y = b.op("reshape", [v], {"output_axes": ["R", "C"], "output_sizes": ["R", 4]})
     res = runtime.execute(b.build(outputs=[y]), inputs={"v": np.arange(12.0, dtype=np.float32)})
     np.testing.assert_array_equal(res["%0"], np.arange(12.0, dtype=np.float32).reshape(3, 4))
+
+
+def test_finiteness_of_an_epilogue_operand_is_checked_by_the_kernel_that_reads_it():
+    exe = runtime.compile(SEED, "cpu")
+    inputs, banks = seed_values(T=4)
+    for _ in range(3):  # the second run arms the fast path, the third defers the check
+        exe.run(inputs=inputs, banks=banks)
+    compiled = next(iter(exe._plans.values()))
+    assert compiled.deferred_finite == {"base", "lora.gain"}  # x feeds BLAS: scanned before the run
+    assert exe._binder._deferred and all(v == {"base", "lora.gain"} for v in exe._binder._deferred.values())
+    trace = exe.run(inputs=inputs, banks=banks, trace=True).trace
+    assert [set(rec.get("checks_finite", ())) for rec in trace] == [set(), {"base", "lora.gain"}]
+    with pytest.raises(runtime.FormulaError) as err:
+        exe.run(inputs={**inputs, "lora.gain": np.float32(np.inf)}, banks=banks)
+    assert (err.value.code, err.value.path) == ("nonfinite", "$.inputs.lora.gain")
+    for name, where in (("base", (0, 1, 7)), ("x", (0, 3, 1000))):
+        bad = inputs[name].copy()
+        bad[where] = np.inf
+        with pytest.raises(runtime.FormulaError) as err:
+            exe.run(inputs={**inputs, name: bad}, banks=banks)
+        assert (err.value.code, err.value.path) == ("nonfinite", f"$.inputs.{name}")
+        assert str(list(where)) in err.value.message
+    bad = inputs["base"].copy()
+    bad[0, 2, 3] = np.nan
+    sentinel = np.full((1, 4, 1024), 7.0, np.float32)
+    with pytest.raises(runtime.FormulaError) as err:  # with out=, checked before any kernel
+        exe.run(inputs={**inputs, "base": bad}, banks=banks, out={"%4": sentinel})
+    assert err.value.code == "nonfinite" and "[0, 2, 3]" in err.value.message
+    np.testing.assert_array_equal(sentinel, 7.0)
+    np.testing.assert_allclose(exe.run(inputs=inputs, banks=banks)["%4"], expected(inputs, banks),
+                               rtol=1e-4, atol=1e-3)
