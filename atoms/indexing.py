@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
+from numba import prange
 
 from runtime.atomspec import AtomSpec, InferContext, Node
 from runtime.errors import fail
@@ -26,7 +27,7 @@ from runtime.layout import align_to
 from runtime.types import TensorType
 
 from ._refs import refs_for
-from .layout import (BITS, _i64, _itemsize, c_strides, coalesce, device_bits, flat_view,
+from .layout import (BITS, _i64, _itemsize, c_strides, coalesce, copy_row, device_bits, flat_view,
                      out_bits)
 
 
@@ -220,13 +221,18 @@ def _prepare(m: IndexedMove):
 # --- cpu -------------------------------------------------------------------------------------------
 
 def _indexed_copy(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape):
+    """Copy every element of ``shape`` (strided in src, idx, dst) with the index read at idx
+    displacing src by ``v·sax`` and dst by ``v·dax``; returns how many indices were out of
+    range (those elements are skipped). Rows (all axes but the last) run in prange; when the
+    index is constant along the last axis (lookup/gather of rows) it is read and checked once
+    per row and a unit-stride row is one memcpy."""
     rank = shape.shape[0]
     inner, si, ii, di = shape[rank - 1], sstr[rank - 1], istr[rank - 1], dstr[rank - 1]
     rows = 1
     for k in range(rank - 1):
         rows *= shape[k]
     bad = 0
-    for r in range(rows):
+    for r in prange(rows):
         s, x, d, rem = soff, ioff, doff, r
         for k in range(rank - 2, -1, -1):
             q = rem // shape[k]
@@ -235,20 +241,36 @@ def _indexed_copy(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr,
             s += i * sstr[k]
             x += i * istr[k]
             d += i * dstr[k]
-        for j in range(inner):
-            v = idx[x + j * ii]
+        if ii == 0:
+            v = idx[x]
             if v < 0 or v >= bound:
-                bad += 1
+                bad += inner
             else:
-                dst[d + j * di + v * dax] = src[s + j * si + v * sax]
+                s += v * sax
+                d += v * dax
+                if si == 1 and di == 1:
+                    copy_row(src, s, dst, d, inner)
+                else:
+                    for j in range(inner):
+                        dst[d + j * di] = src[s + j * si]
+        else:
+            for j in range(inner):
+                v = idx[x + j * ii]
+                if v < 0 or v >= bound:
+                    bad += 1
+                else:
+                    dst[d + j * di + v * dax] = src[s + j * si + v * sax]
     return bad
 
 
-_CPU_INDEXED: dict[int, Callable] = {}
+# Below this many elements one thread copies (waking the others costs more than it saves).
+PARALLEL_MIN_ELEMENTS = 1 << 16
+
+_CPU_INDEXED: dict[tuple[int, bool], Callable] = {}
 
 
-def cpu_indexed_kernel(itemsize: int):
-    kernel = _CPU_INDEXED.get(itemsize)
+def cpu_indexed_kernel(itemsize: int, parallel: bool = False):
+    kernel = _CPU_INDEXED.get((itemsize, parallel))
     if kernel is None:
         from numba import njit, types
 
@@ -260,7 +282,8 @@ def cpu_indexed_kernel(itemsize: int):
         sig = types.int64(types.Array(bits, 1, "C", readonly=True, aligned=False), n, i64, n,
                           types.Array(types.int64, 1, "C", readonly=True, aligned=False), n, i64, n,
                           types.Array(bits, 1, "C", aligned=False), n, i64, n, i64)
-        kernel = _CPU_INDEXED[itemsize] = njit(sig, cache=True, nogil=True)(_indexed_copy)
+        kernel = njit(sig, cache=True, nogil=True, parallel=parallel)(_indexed_copy)
+        _CPU_INDEXED[(itemsize, parallel)] = kernel
     return kernel
 
 
@@ -270,7 +293,8 @@ def _cpu(node: Node):
     name = node.atom.name
     src_k, idx_k, base_k = OPERANDS[name]
     item = _itemsize(node.output_type)
-    kernel = cpu_indexed_kernel(item)
+    moved = math.prod(node.input_types[src_k].shape if name == "scatter" else node.output_type.shape)
+    kernel = cpu_indexed_kernel(item, parallel=moved >= PARALLEL_MIN_ELEMENTS)
     copy = cpu_copy_kernel(item) if base_k is not None else None
     prepared: dict[tuple, tuple] = {}
 

@@ -277,3 +277,41 @@ def test_cpu_matches_reference(data):
 @given(st.data())
 def test_cuda_matches_reference(data):
     _check(data, "cuda", ("float32", "boolean"))
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.data())
+def test_cpu_parallel_kernel_matches_reference(data):
+    from unittest import mock
+
+    import atoms.indexing as indexing
+
+    with mock.patch.object(indexing, "PARALLEL_MIN_ELEMENTS", 1):  # every case on the prange kernel
+        _check(data, "cpu", ("float32", "float64", "boolean"))
+
+
+@pytest.mark.parametrize("layout", ["c", "table transposed"])
+def test_large_lookup_gather_scatter_take_the_row_copy_and_parallel_paths(layout):
+    from atoms.indexing import PARALLEL_MIN_ELEMENTS
+
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((300, 512)).astype(np.float32)
+    if layout != "c":
+        table = np.asfortranarray(table)  # rows are no longer unit-stride: the strided row loop
+    ids = rng.integers(0, 300, (2, 200))
+    types = [T("VD", [300, 512]), I("XY", [2, 200])]
+    attrs_ = {"table_axis": "V", "output_axes": ["X", "Y", "D"]}
+    got = run("lookup", attrs_, types, [table, ids], "cpu")
+    assert got.size >= PARALLEL_MIN_ELEMENTS
+    np.testing.assert_array_equal(got, table[ids])
+    idx = rng.integers(0, 512, (300, 400))  # the index varies along the innermost axis
+    got = run("gather", {"axis": "D", "index_axis": "J"}, [T("VD", [300, 512]), I("VJ", [300, 400])],
+              [table, idx], "cpu")
+    np.testing.assert_array_equal(got, np.take_along_axis(table, idx, axis=1))
+    rows = np.stack([rng.permutation(300)[:200] for _ in range(512)], axis=1)  # unique per column
+    upd = rng.standard_normal((200, 512)).astype(np.float32)
+    got = run("scatter", SC | {"axis": "V"}, [T("VD", [300, 512]), I("JD", [200, 512]), T("JD", [200, 512])],
+              [table, rows, upd], "cpu")
+    want = table.copy()
+    np.put_along_axis(want, rows, upd, axis=0)
+    np.testing.assert_array_equal(got, want)
