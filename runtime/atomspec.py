@@ -51,9 +51,10 @@ class AtomSpec:
     checked_inputs: tuple[int, ...] = ()
     elementwise: Callable[["Node"], ScalarOp] | None = None  # fusable as an epilogue
     anchors: Mapping[str, AnchorFactory] = attrs.field(factory=dict)  # may absorb an epilogue
-    # backends whose anchor kernel honours ``Epilogue.checked``: it counts the non-finite
-    # values it reads from those operands and returns the count, so the run can skip its
-    # own pass over them (SPEC §4 finiteness of bindings, fused into a kernel that reads them)
+    # backends whose anchor kernel honours ``Epilogue.checked`` and ``checked_anchor_inputs``:
+    # it counts the non-finite values of those operands and returns the count, so the run can
+    # skip its own pass over them (SPEC §4 finiteness of bindings, fused into a kernel that
+    # reads them anyway)
     anchor_counts_nonfinite: frozenset[str] = frozenset()
     inplace: int | None = None  # operand whose buffer the output may reuse
     summary: str = ""

@@ -242,6 +242,11 @@ def _isfinite(a: np.ndarray) -> np.ndarray:
         return np.isfinite(a.astype(np.float32))
 
 
+def value_is_finite(a) -> bool:
+    """Whether a bound value (host or device array) holds only finite values."""
+    return _all_finite(a)
+
+
 def _all_finite(a: np.ndarray) -> bool:
     """One pass: a finite sum proves every element finite (NaN and ±inf propagate); only an
     overflowing sum or an exotic dtype falls back to an elementwise check."""

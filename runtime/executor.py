@@ -185,14 +185,16 @@ class Executable:
                 kind = "anchor"
                 if backend in anchor.atom.anchor_counts_nonfinite:
                     checked = tuple(k for k, slot in enumerate(epilogue.extra_slots) if slot in unclaimed)
-                    epilogue = attrs.evolve(epilogue, checked=checked)
+                    own = tuple(k for k, slot in enumerate(inputs) if slot in unclaimed)
+                    epilogue = attrs.evolve(epilogue, checked=checked, checked_anchor_inputs=own)
                 run = factory(anchor, epilogue) if factory else None
             if run is None:
                 fail("backend_unavailable", anchor.path,
                      f"atom {anchor.atom.name} ({anchor.atom.ref}) has no {backend!r} kernel; "
                      f"it has: {', '.join(sorted(anchor.atom.kernels)) or 'none'}")
         aligners = tuple(self.backend.aligner(t, group.output_type) for t in epilogue.extra_types)
-        counted = tuple(dict.fromkeys(epilogue.extra_slots[k] for k in epilogue.checked))
+        counted = tuple(dict.fromkeys([inputs[k] for k in epilogue.checked_anchor_inputs] +
+                                      [epilogue.extra_slots[k] for k in epilogue.checked]))
         if counted:
             label["checks_finite"] = list(counted)
         return _Launch(run, kind, tuple(inputs), epilogue.extra_slots, epilogue.extra_types, aligners,

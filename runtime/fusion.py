@@ -31,6 +31,7 @@ class Epilogue:
     extra_slots: tuple[str, ...]  # slots read by the steps, besides the chain value
     extra_types: tuple[TensorType, ...]
     checked: tuple[int, ...] = ()  # extras whose non-finite values the kernel must count
+    checked_anchor_inputs: tuple[int, ...] = ()  # the anchor's operands it must count too
 
     @property
     def empty(self) -> bool:
@@ -63,7 +64,7 @@ class Epilogue:
     @property
     def key(self) -> str:
         """A stable digest of the scalar code, for naming generated kernels."""
-        text = "|".join(f"{s.op.expr}:{s.sources}" for s in self.steps) + f"|checked={self.checked}"
+        text = "|".join(f"{s.op.expr}:{s.sources}" for s in self.steps) + f"|checked={self.checked}|{self.checked_anchor_inputs}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

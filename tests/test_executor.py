@@ -190,20 +190,30 @@ def test_finiteness_of_an_epilogue_operand_is_checked_by_the_kernel_that_reads_i
     for _ in range(3):  # the second run arms the fast path, the third defers the check
         exe.run(inputs=inputs, banks=banks)
     compiled = next(iter(exe._plans.values()))
-    assert compiled.deferred_finite == {"base", "lora.gain"}  # x feeds BLAS: scanned before the run
-    assert exe._binder._deferred and all(v == {"base", "lora.gain"} for v in exe._binder._deferred.values())
+    every = {"x", "base", "lora.gain", "lora.A", "lora.B"}
+    assert compiled.deferred_finite == every  # x: tile by tile in group 1, before BLAS reads it
+    assert exe._binder._deferred and all(v == every for v in exe._binder._deferred.values())
     trace = exe.run(inputs=inputs, banks=banks, trace=True).trace
-    assert [set(rec.get("checks_finite", ())) for rec in trace] == [set(), {"base", "lora.gain"}]
+    assert [set(rec.get("checks_finite", ())) for rec in trace] == [{"x", "lora.A"},
+                                                                    {"lora.B", "base", "lora.gain"}]
     with pytest.raises(runtime.FormulaError) as err:
         exe.run(inputs={**inputs, "lora.gain": np.float32(np.inf)}, banks=banks)
     assert (err.value.code, err.value.path) == ("nonfinite", "$.inputs.lora.gain")
-    for name, where in (("base", (0, 1, 7)), ("x", (0, 3, 1000))):
-        bad = inputs[name].copy()
+    for name, where in (("base", (0, 1, 7)), ("x", (0, 3, 1000)), ("x", (0, 0, 0)), ("lora.B", (5, 31))):
+        kind = "banks" if name.startswith("lora.") else "inputs"
+        values = {"inputs": dict(inputs), "banks": dict(banks)}
+        bad = values[kind][name].copy()
         bad[where] = np.inf
+        values[kind][name] = bad
         with pytest.raises(runtime.FormulaError) as err:
-            exe.run(inputs={**inputs, name: bad}, banks=banks)
-        assert (err.value.code, err.value.path) == ("nonfinite", f"$.inputs.{name}")
+            exe.run(**values)
+        assert (err.value.code, err.value.path) == ("nonfinite", f"$.{kind}.{name}")
         assert str(list(where)) in err.value.message
+    fortran = np.asfortranarray(inputs["x"])  # no flat view for the kernel: scanned by the runner
+    fortran[0, 2, 5] = np.nan
+    with pytest.raises(runtime.FormulaError) as err:
+        exe.run(inputs={**inputs, "x": fortran}, banks=banks)
+    assert err.value.path == "$.inputs.x" and "[0, 2, 5]" in err.value.message
     bad = inputs["base"].copy()
     bad[0, 2, 3] = np.nan
     sentinel = np.full((1, 4, 1024), 7.0, np.float32)
@@ -213,3 +223,16 @@ def test_finiteness_of_an_epilogue_operand_is_checked_by_the_kernel_that_reads_i
     np.testing.assert_array_equal(sentinel, 7.0)
     np.testing.assert_allclose(exe.run(inputs=inputs, banks=banks)["%4"], expected(inputs, banks),
                                rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("row", [0, 127, 128, 299])
+def test_the_left_operand_scan_covers_every_tile(row):
+    exe = runtime.compile(SEED, "cpu")
+    inputs, banks = seed_values(T=300)  # 128-row tiles (512 KiB of x each): three of them
+    for _ in range(3):
+        exe.run(inputs=inputs, banks=banks)
+    bad = inputs["x"].copy()
+    bad[0, row, 1023] = -np.inf
+    with pytest.raises(runtime.FormulaError) as err:
+        exe.run(inputs={**inputs, "x": bad}, banks=banks)
+    assert err.value.path == "$.inputs.x" and f"[0, {row}, 1023]" in err.value.message
