@@ -184,9 +184,9 @@ def _plan(args) -> int:
     from .api import compile as compile_program
 
     exe = compile_program(Path(args.program), backend=args.backend)
-    plan = exe.plan(dict(args.dim))
+    plan = exe.plan(dict(args.dim), enforce=False)  # over max_working_bytes: reported, exit 1
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.describe())
-    return 0
+    return 0 if plan.fits else 1
 
 
 def _bench(args) -> int:

@@ -115,9 +115,14 @@ class Executable:
         self._by_structure: dict[tuple, CompiledPlan] = {}
 
     # --- planning -----------------------------------------------------------------------
-    def plan(self, dims: Mapping[str, int] | None = None, dtypes: Mapping[str, str] | None = None) -> Plan:
-        """The schedule, lifetimes, arena offsets and memory verdict for these extents."""
+    def plan(self, dims: Mapping[str, int] | None = None, dtypes: Mapping[str, str] | None = None,
+             *, enforce: bool = True) -> Plan:
+        """The schedule, lifetimes, arena offsets and memory verdict for these extents. With
+        ``enforce=False`` a working set over ``max_working_bytes`` gives a plan whose verdict
+        is "exceeds" (nothing is compiled) instead of ``limit_exceeded``."""
         dims = _check_dims(self.program, dims or {})
+        if not enforce:
+            return self._schedule(dims, dict(dtypes or {}), enforce=False)[0]
         return self._compiled(dims, dict(dtypes or {})).plan
 
     def _compiled(self, dims: dict[str, int], dtypes: dict[str, str]) -> CompiledPlan:
@@ -134,7 +139,8 @@ class Executable:
                 self._plans.popitem(last=False)
         return compiled
 
-    def _build(self, dims: dict[str, int], dtypes: dict[str, str]) -> CompiledPlan:
+    def _schedule(self, dims: dict[str, int], dtypes: dict[str, str], enforce: bool = True):
+        """(plan, resolved types, binding types) for these extents: no kernel is built."""
         program = self.program
         binding_types = {}
         for b in program.bindings:
@@ -149,7 +155,11 @@ class Executable:
         plan = make_plan(nodes, binding_types, program.outputs, program.limits, dims,
                          backend=self.backend.name, fuse=self.backend.fuses,
                          slot_index={s.slot_id: i for i, s in enumerate(program.slots)},
-                         binding_kinds={b.name: b.kind for b in program.bindings})
+                         binding_kinds={b.name: b.kind for b in program.bindings}, enforce=enforce)
+        return plan, types, binding_types
+
+    def _build(self, dims: dict[str, int], dtypes: dict[str, str]) -> CompiledPlan:
+        plan, types, binding_types = self._schedule(dims, dtypes)
         binding_slots = set(binding_types)
         unclaimed = {n for n, t in binding_types.items() if t.dtype in FLOAT_DTYPES}
         launches, upfront = [], []

@@ -128,11 +128,13 @@ class Plan:
 def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], outputs: Sequence[str],
               limits, dims: Mapping[str, int], backend: str, fuse: bool,
               slot_index: Mapping[str, int] | None = None,
-              binding_kinds: Mapping[str, str] | None = None) -> Plan:
+              binding_kinds: Mapping[str, str] | None = None, enforce: bool = True) -> Plan:
     """Group, size, place and preflight ``nodes`` (resolved types, program order).
 
     ``slot_index`` (slot id -> index in ``$.slots``) gives errors their exact JSON path;
-    ``binding_kinds`` (name -> "input" | "bank") labels the pinned buffers."""
+    ``binding_kinds`` (name -> "input" | "bank") labels the pinned buffers. With
+    ``enforce=False`` a working set over ``max_working_bytes`` is reported (verdict
+    "exceeds") instead of raised; per-tensor limits are always enforced."""
     slot_index = slot_index or {}
     types = dict(binding_types)
     types.update({n.output_slot: n.output_type for n in nodes})
@@ -166,7 +168,7 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
                 sum(b.nbytes for b in buffers.values() if b.kind in ("input", "bank")),
                 sum(b.nbytes for b in buffers.values() if b.kind == "output"), limits.max_working_bytes,
                 backend, bool(fuse))
-    if not plan.fits:
+    if enforce and not plan.fits:
         fail("limit_exceeded", "$.limits.max_working_bytes",
              f"the working set needs {plan.working_bytes} bytes (bindings {plan.binding_bytes} + "
              f"arena peak {plan.arena_bytes} + outputs {plan.output_bytes}; the temporaries would need "

@@ -210,3 +210,25 @@ def test_lora_program_with_a_member_axis_runs_from_safetensors_through_the_cli(t
     want = bs + np.einsum("tkr,ker->te", hh, w)
     with np.load(tmp_path / "out.npz") as z:
         np.testing.assert_allclose(z[out], want, rtol=1e-4, atol=1e-4)
+
+
+def test_plan_over_max_working_bytes_is_reported_with_its_verdict(tmp_path, capsys):
+    prog = json.loads(Path(SEED).read_text())
+    prog["limits"]["max_working_bytes"] = 1 << 20
+    path = tmp_path / "small.program.json"
+    path.write_text(json.dumps(prog))
+    assert main(["plan", str(path), "--dim", "B=4", "--dim", "S=2048"]) == 1
+    out = capsys.readouterr().out
+    assert "EXCEEDS max_working_bytes" in out and "[1]" in out  # the whole schedule, then the verdict
+    assert main(["plan", str(path), "--dim", "B=4", "--dim", "S=2048", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "exceeds" and report["fits"] is False
+    import runtime
+
+    exe = runtime.compile(prog, "cpu")
+    assert exe.plan({"B": 4, "S": 2048}, enforce=False).verdict == "exceeds"
+    with pytest.raises(FormulaError) as err:  # running (and the default plan) still refuses it
+        exe.plan({"B": 4, "S": 2048})
+    assert (err.value.code, err.value.path) == ("limit_exceeded", "$.limits.max_working_bytes")
+    assert main(["plan", str(path), "--dim", "B=1", "--dim", "S=1"]) == 0
+    assert "fits" in capsys.readouterr().out
