@@ -86,6 +86,14 @@ def lower(left: TensorType, right: TensorType, pairs: Sequence[Sequence[str]]) -
     return Lowering(batch, m_axes, n_axes, k_left, k_right, extents, left_order, right_order)
 
 
+def batched_view(order: Sequence[int], shape3: tuple[int, int, int]):
+    """:func:`as_batched` with ``order`` and ``shape3`` fixed, for the per-run path."""
+    if tuple(order) == tuple(range(len(order))):
+        return lambda x: x.reshape(shape3)
+    order = tuple(order)
+    return lambda x: x.transpose(order).reshape(shape3)
+
+
 def as_batched(x: np.ndarray, order: Sequence[int], shape3: tuple[int, int, int]) -> np.ndarray:
     """``x`` transposed and reshaped to ``shape3``: a view whenever NumPy can make one."""
     return np.asarray(x).transpose(order).reshape(shape3)
@@ -478,13 +486,13 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
     scan_elsewhere = [pos for pos in epilogue.checked_anchor_inputs if pos != 0]  # small: banks
     # OpenBLAS threads a call above 4*65536 multiply-adds (interface/gemm.c): keep it on ours
     guard = single_threaded_blas() if (parallel or tm * n * k > 4 * 65536) else None
-    shape_l, shape_r = (nb, m, k), (nb, k, n)
+    left_view, right_view = batched_view(low.left_order, (nb, m, k)), batched_view(low.right_order, (nb, k, n))
 
     no_scan = np.zeros(1, dt)
 
     def run(inputs: Sequence[np.ndarray], extras: Sequence[np.ndarray], out: np.ndarray):
-        a3, (ta, lda, sab) = blas_operand(as_batched(inputs[0], low.left_order, shape_l))
-        b3, (tb, ldb, sbb) = blas_operand(as_batched(inputs[1], low.right_order, shape_r))
+        a3, (ta, lda, sab) = blas_operand(left_view(inputs[0]))
+        b3, (tb, ldb, sbb) = blas_operand(right_view(inputs[1]))
         xs = [flat(x) for flat, x in zip(flatteners, extras)]
         af, scan, other = no_scan, 0, 0
         if scan_left:
