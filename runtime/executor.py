@@ -101,6 +101,12 @@ class CompiledPlan:
         with self._lock:
             self._free_arenas.append(arena)
 
+    def release_memory(self) -> None:
+        """Drop the idle arenas and the pooled result arrays (runs in flight keep theirs)."""
+        with self._lock:
+            self._free_arenas.clear()
+        self.results.clear()
+
 
 class Executable:
     def __init__(self, program: Program, backend: str, registry: Registry):
@@ -113,6 +119,14 @@ class Executable:
         self._plans_lock = threading.Lock()
         self._binder = Binder(program)
         self._by_structure: dict[tuple, CompiledPlan] = {}
+
+    def release_memory(self) -> None:
+        """Give back what the executable keeps between runs — idle arenas and released result
+        arrays — while keeping its compiled plans and kernels. The next run allocates anew."""
+        with self._plans_lock:
+            compiled = list(self._plans.values()) + list(self._by_structure.values())
+        for c in compiled:
+            c.release_memory()
 
     # --- planning -----------------------------------------------------------------------
     def plan(self, dims: Mapping[str, int] | None = None, dtypes: Mapping[str, str] | None = None,

@@ -143,3 +143,15 @@ def test_cuda_out_arrays_host_and_device():
     with pytest.raises(runtime.FormulaError) as err:  # device results, host array
         exe.run(inputs={"x": cuda.to_device(x)}, out={y: host_out})
     assert err.value.code == "out_buffer" and "device array" in err.value.message
+
+
+def test_release_memory_drops_idle_arenas_and_pooled_results_but_keeps_the_plans(exe):
+    inputs, banks = seed_values(seed=1)
+    exe.run(inputs=inputs, banks=banks)
+    compiled = next(iter(exe._plans.values()))
+    assert compiled._free_arenas and compiled.results._lent
+    exe.release_memory()
+    assert not compiled._free_arenas and not compiled.results._lent
+    again = exe.run(inputs=inputs, banks=banks)[OUT]  # same compiled plan, fresh memory
+    assert next(iter(exe._plans.values())) is compiled
+    np.testing.assert_allclose(again, expected(inputs, banks), rtol=1e-4, atol=1e-4)
