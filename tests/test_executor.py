@@ -209,6 +209,14 @@ def test_finiteness_of_an_epilogue_operand_is_checked_by_the_kernel_that_reads_i
             exe.run(**values)
         assert (err.value.code, err.value.path) == ("nonfinite", f"$.{kind}.{name}")
         assert str(list(where)) in err.value.message
+    a = banks["lora.A"]
+    for layout, bank in (("fortran", np.asfortranarray(a)),  # the kernel scans its transpose
+                         ("strided", np.repeat(a, 2, axis=1)[:, ::2])):  # no flat view: the runner
+        bank = bank.copy(order="K") if layout == "fortran" else bank
+        bank[3, 17] = np.nan
+        with pytest.raises(runtime.FormulaError) as err:
+            exe.run(inputs=inputs, banks={**banks, "lora.A": bank})
+        assert err.value.path == "$.banks.lora.A" and "[3, 17]" in err.value.message, layout
     fortran = np.asfortranarray(inputs["x"])  # no flat view for the kernel: scanned by the runner
     fortran[0, 2, 5] = np.nan
     with pytest.raises(runtime.FormulaError) as err:
