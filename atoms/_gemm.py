@@ -227,16 +227,16 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     scan_left = 0 in epilogue.checked_anchor_inputs
     scan_right = 1 in epilogue.checked_anchor_inputs
     counting = bool(epilogue.checked) or scan_left or scan_right  # count non-finite values read
-    L += ["    nfb = 0"]
+    if counting:
+        L += ["    nfb = 0", "    counts = np.zeros(nwork, np.int64)"]
     if scan_right:  # the right operand (a bank, typically small) flat, once, before the tiles
         L += ["    for q in range(np.uint64(bf.size)):",
               "        bv = bf[q]",
               "        nfb += (bv - bv) != 0"]
     L += ["    ntm = (m + tm - 1) // tm",
           "    ntiles = nb * ntm",
-          "    counts = np.zeros(nwork, np.int64)",
           f"    for w in {'prange' if parallel else 'range'}(nwork):",
-          "        nf = 0",
+          *(["        nf = 0"] if counting else []),
           f"        scratch = np.empty(tm * n, np.{dt})",
           "        prm = np.empty(8, np.int32)",
           "        prm[0] = n", "        prm[2] = k", "        prm[3] = ldb",
@@ -289,9 +289,8 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
                                   nonfinite="nf" if counting else None)
     L += vmath.cpu_code(lines)
     L.append(f"                    out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}] = {result}")
-    L.append("        counts[w] = nf")
     if counting:
-        L.append("    return counts.sum() + nfb")
+        L += ["        counts[w] = nf", "    return counts.sum() + nfb"]
     return "\n".join(L) + "\n"
 
 

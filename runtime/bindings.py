@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -277,22 +277,17 @@ class Binder:
     Anything else (a bank store, operands, Python numbers, fingerprints to verify, or any
     failure) takes the full path, which also produces the precise error."""
 
-    def __init__(self, program):
+    def __init__(self, program, deferred: Callable[[tuple], frozenset[str]] = lambda structure: frozenset()):
+        """``deferred(structure)``: the float bindings whose finiteness, for runs of that
+        structure, the kernels check themselves (the executor then calls :meth:`check_finite`)."""
         self.program = program
+        self._deferred = deferred
         self._order = tuple((b.name, b.kind == "input", b.value_type.dtype in FLOAT_DTYPES
                              or b.value_type.dtype == "floating") for b in program.bindings)
         self._counts = (len(program.input_bindings), len(program.bank_bindings))
         self._eligible = not any(b.kind == "bank" and b.bundle_id is None and b.asset_fingerprint
                                  is not None for b in program.bindings)
         self._last: tuple[tuple, BoundValues] | None = None
-        self._deferred: dict[tuple, frozenset[str]] = {}
-
-    def defer(self, structure: tuple, names: frozenset[str]) -> None:
-        """Runs of this structure leave the finiteness of ``names`` to the kernels that read
-        them whole and count what they read (the executor then calls :meth:`check_finite`)."""
-        if len(self._deferred) > 64:
-            self._deferred.clear()
-        self._deferred[structure] = frozenset(names)
 
     def check_finite(self, bound: BoundValues, names, inputs: Any, banks: Any) -> None:
         """Raise the full path's precise ``nonfinite`` error if any of ``names`` is not finite."""
@@ -304,14 +299,14 @@ class Binder:
                      "(it changed while the run read it)")
 
     def bind(self, inputs: Any, banks: Any) -> BoundValues:
-        fast = self._fast(inputs, banks) if self._eligible else None
-        if fast is not None:
-            return fast
+        got = self._key(inputs, banks) if self._eligible else None
+        if got is not None:
+            fast = self._fast(*got)
+            if fast is not None:
+                return fast
         bound = bind_values(self.program, inputs, banks)
-        if self._eligible:
-            key = self._key(inputs, banks)
-            if key is not None:
-                self._last = (key[0], bound)
+        if got is not None:
+            self._last = (got[0], bound)
         return bound
 
     def _key(self, inputs: Any, banks: Any):
@@ -333,15 +328,11 @@ class Binder:
             values.append(v)
         return tuple(key), values
 
-    def _fast(self, inputs: Any, banks: Any) -> BoundValues | None:
+    def _fast(self, key: tuple, values: list) -> BoundValues | None:
         last = self._last
-        if last is None:
+        if last is None or key != last[0]:
             return None
-        got = self._key(inputs, banks)
-        if got is None or got[0] != last[0]:
-            return None
-        values = got[1]
-        skip = self._deferred.get(last[0], frozenset())
+        skip = self._deferred(key)
         for (name, _, floating), v in zip(self._order, values):
             if floating and name not in skip and not _all_finite(v):
                 return None  # the full path names the value and the index

@@ -117,8 +117,8 @@ class Executable:
                       for i, ins in enumerate(program.instructions)]
         self._plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()
         self._plans_lock = threading.Lock()
-        self._binder = Binder(program)
         self._by_structure: dict[tuple, CompiledPlan] = {}
+        self._binder = Binder(program, self._deferred_finite)
 
     def release_memory(self) -> None:
         """Give back what the executable keeps between runs — idle arenas and released result
@@ -234,8 +234,6 @@ class Executable:
         compiled = self._by_structure.get(bound.structure) if bound.structure is not None else None
         if compiled is None:
             compiled = self._compiled_for(bound)
-            if bound.structure is not None:
-                self._binder.defer(bound.structure, compiled.deferred_finite)
         given = check_out(out, self.program.outputs, compiled.types, bound.values, is_device_array) \
             if out is not None else {}
         device_results = bool(given) and self.backend.device_memory and not _host_values(bound)
@@ -253,6 +251,10 @@ class Executable:
             return self._execute(compiled, bound, arena, trace, given, (inputs, banks))
         finally:
             compiled.release_arena(arena)
+
+    def _deferred_finite(self, structure: tuple) -> frozenset[str]:
+        compiled = self._by_structure.get(structure)
+        return compiled.deferred_finite if compiled is not None else frozenset()
 
     def _compiled_for(self, bound) -> CompiledPlan:
         """The compiled plan for these values' extents and float dtypes (host backends refuse

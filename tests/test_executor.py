@@ -192,7 +192,7 @@ def test_finiteness_of_an_epilogue_operand_is_checked_by_the_kernel_that_reads_i
     compiled = next(iter(exe._plans.values()))
     every = {"x", "base", "lora.gain", "lora.A", "lora.B"}
     assert compiled.deferred_finite == every  # x: tile by tile in group 1, before BLAS reads it
-    assert exe._binder._deferred and all(v == every for v in exe._binder._deferred.values())
+    assert exe._by_structure and all(exe._binder._deferred(k) == every for k in exe._by_structure)
     trace = exe.run(inputs=inputs, banks=banks, trace=True).trace
     assert [set(rec.get("checks_finite", ())) for rec in trace] == [{"x", "lora.A"},
                                                                     {"lora.B", "base", "lora.gain"}]

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from ..layout import keepdims_order
+from ..layout import keepdims_aligner, keepdims_order
 from ..types import TensorType, numpy_dtype
 from .base import Backend
 
@@ -81,7 +81,7 @@ class CudaBackend(Backend):
         the target's order, else a transposed copy through the host."""
         order, keep_shape = keepdims_order(value_type, target)
         if order == tuple(sorted(order)):
-            return lambda value: value if tuple(value.shape) == keep_shape else value.reshape(keep_shape)
+            return keepdims_aligner(value_type, target)  # a view (reshape) on any array kind
 
         def transposed(value):
             host = self.to_host(value).transpose(order)

@@ -1,0 +1,88 @@
+"""Side-by-side A/B of this session's seed optimisations, in one process: each variant is its
+own executable, calls are interleaved, figures are medians (ms). The baseline is the code as
+it is; every other variant switches one mechanism back off:
+
+- ``results kept``: the caller keeps every result, so the result pool can reuse none and
+  each run writes fresh pages (what every run paid before the pool existed);
+- ``separate finiteness pass``: the binder scans every float binding again before the run
+  (the kernels' own counting stays, so this is the cost of that extra pass);
+- ``libm exp``: generated CPU kernels call ``math.exp`` instead of ``runtime.vmath.vexp``;
+- ``4 tiles/thread``: the contract's CPU tiles at the former 4 per thread.
+
+    python bench/ab_seed.py 256 8192 32768
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+import atoms._gemm as gemm
+import runtime
+import runtime.vmath as vmath
+
+SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
+
+
+def seed_values(T: int):
+    rng = np.random.default_rng(0)
+    inputs = {"x": rng.standard_normal((1, T, 1024), dtype=np.float32),
+              "base": rng.standard_normal((1, T, 1024), dtype=np.float32),
+              "lora.gain": np.float32(0.7)}
+    banks = {"lora.A": (rng.standard_normal((32, 1024)) * 0.03).astype(np.float32),
+             "lora.B": (rng.standard_normal((1024, 32)) * 0.1).astype(np.float32)}
+    return inputs, banks
+
+
+def built(inputs, banks, module=None, name=None, value=None):
+    """An executable whose kernels (built on its first run) see ``module.name = value``."""
+    exe = runtime.compile(SEED, "cpu")
+    saved = getattr(module, name) if module is not None else None
+    if module is not None:
+        setattr(module, name, value)
+    try:
+        exe.run(inputs=inputs, banks=banks)
+    finally:
+        if module is not None:
+            setattr(module, name, saved)
+    return exe
+
+
+def variants(inputs, banks):
+    """name -> (executable, keep results?), each with one mechanism switched off."""
+    separate = built(inputs, banks)
+    separate._binder._deferred = lambda structure: frozenset()
+    return {"baseline": (built(inputs, banks), False),
+            "results kept": (built(inputs, banks), True),
+            "separate finiteness pass": (separate, False),
+            "libm exp": (built(inputs, banks, vmath, "cpu_code", lambda lines: list(lines)), False),
+            "4 tiles/thread": (built(inputs, banks, gemm, "TILES_PER_THREAD", 4), False)}
+
+
+def main(tokens: list[int]) -> None:
+    for T in tokens:
+        inputs, banks = seed_values(T)
+        table = variants(inputs, banks)
+        kept = deque(maxlen=4)  # more than the pool keeps per slot
+        for exe, _ in table.values():  # arm the fast paths
+            for _ in range(3):
+                exe.run(inputs=inputs, banks=banks)
+        times = {name: [] for name in table}
+        for _ in range(200 if T <= 2048 else 30):
+            for name, (exe, keep) in table.items():
+                started = time.perf_counter()
+                result = exe.run(inputs=inputs, banks=banks)["%4"]
+                times[name].append(time.perf_counter() - started)
+                if keep:
+                    kept.append(result)
+                del result
+        base = np.median(times["baseline"])
+        print(f"T={T}: " + ", ".join(f"{name} {np.median(v) * 1e3:.3f} ms ({np.median(v) / base:.2f}x)"
+                                     for name, v in times.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main([int(a) for a in sys.argv[1:]] or [256, 8192, 32768])
