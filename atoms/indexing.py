@@ -233,7 +233,7 @@ def _indexed_copy(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr,
         rows *= shape[k]
     bad = 0
     for r in prange(rows):
-        s, x, d, rem = soff, ioff, doff, r
+        s, x, d, rem = soff, ioff, doff, np.int64(r)  # a prange index may be unsigned
         for k in range(rank - 2, -1, -1):
             q = rem // shape[k]
             i = rem - q * shape[k]
