@@ -7,7 +7,9 @@ it is; every other variant switches one mechanism back off:
 - ``separate finiteness pass``: the binder scans every float binding again before the run
   (the kernels' own counting stays, so this is the cost of that extra pass);
 - ``libm exp``: generated CPU kernels call ``math.exp`` instead of ``runtime.vmath.vexp``;
-- ``4 tiles/thread``: the contract's CPU tiles at the former 4 per thread.
+- ``4 tiles/thread``: the contract's CPU tiles at the former 4 per thread;
+- ``BLAS tiles``: the contract's row tiles computed by BLAS, not by the register-blocked
+  micro-kernels of ``atoms._microgemm``.
 
     python bench/ab_seed.py 256 8192 32768
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 import atoms._gemm as gemm
+import atoms._microgemm as micro
 import runtime
 import runtime.vmath as vmath
 
@@ -59,7 +62,8 @@ def variants(inputs, banks):
             "results kept": (built(inputs, banks), True),
             "separate finiteness pass": (separate, False),
             "libm exp": (built(inputs, banks, vmath, "cpu_code", lambda lines: list(lines)), False),
-            "4 tiles/thread": (built(inputs, banks, gemm, "TILES_PER_THREAD", 4), False)}
+            "4 tiles/thread": (built(inputs, banks, gemm, "TILES_PER_THREAD", 4), False),
+            "BLAS tiles": (built(inputs, banks, micro, "choose_form", lambda *dims: None), False)}
 
 
 def main(tokens: list[int]) -> None:

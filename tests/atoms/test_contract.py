@@ -324,3 +324,64 @@ def test_empty_epilogue_anchor_equals_plain_kernel():
     CONTRACT.anchors["cpu"](node, EMPTY_EPILOGUE)([a, b], [], x)
     CONTRACT.kernels["cpu"](node)([a, b], y)
     np.testing.assert_array_equal(x, y)
+
+
+# --- register-blocked micro-kernel tiles (atoms._microgemm) ----------------------------------
+
+def force_form(monkeypatch, form):
+    """Every contract kernel built now uses ``form`` where its operands allow; returns the list
+    of (form, usable) answers the runs gave, so a test can see the micro-kernel ran."""
+    from atoms import _microgemm as micro
+
+    seen = []
+    usable = micro.usable
+    monkeypatch.setattr(micro, "choose_form", lambda *dims: form)
+    monkeypatch.setattr(micro, "usable", lambda f, ta, tb: seen.append(usable(f, ta, tb)) or seen[-1])
+    return seen
+
+
+MICRO_CASES = [  # rows and columns with block remainders, K below, at and above a vector
+    ("dot", [("k", "k")], "ij", T("ik", (37, 300)), T("jk", (19, 300))),
+    ("dot", [("k", "k")], "bij", T("bik", (2, 9, 13)), T("jk", (5, 13))),
+    ("dot", [("k", "k")], "bji", T("bik", (2, 6, 8)), T("bjk", (2, 3, 8))),
+    ("bcast", [("k", "k")], "ij", T("ik", (37, 24)), T("jk", (40, 24))),
+    ("bcast", [("k", "k")], "ij", T("ki", (7, 13)), T("kj", (7, 35))),
+    ("bcast", [("k", "k")], "bij", T("bik", (2, 11, 5)), T("bkj", (2, 5, 17))),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("form, pairs, out, lt, rt", MICRO_CASES)
+def test_cpu_micro_kernels_match_reference(monkeypatch, dtype, form, pairs, out, lt, rt):
+    seen = force_form(monkeypatch, form)
+    lt, rt = (T(t.axes, t.sizes, dtype) for t in (lt, rt))
+    node = bind(pairs, out, lt, rt, "activation")
+    rng = np.random.default_rng(3)
+    a, b = random_array(rng, lt), random_array(rng, rt)
+    ot = node.output_type
+    factor, base = random_array(rng, ot), random_array(rng, ot)
+    want = base + reference(node, a, b) * factor
+    got = np.full(ot.shape, np.nan, dtype)
+    CONTRACT.anchors["cpu"](node, epilogue_for(node, ot))([a, b], [factor, base], got)
+    assert seen and all(seen)  # the micro-kernel computed the tiles, not BLAS
+    close(got, want, _gemm.lower(lt, rt, pairs).dims[3], np.dtype(dtype).type)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layout=layouts(), seed=st.integers(0, 2**16), form=st.sampled_from(["dot", "bcast"]))
+def test_cpu_micro_kernels_any_layout(layout, seed, form):
+    """Any axis order and operand memory (Fortran, strided, read-only): the micro-kernel where
+    the layout allows, BLAS otherwise, the same values either way."""
+    with pytest.MonkeyPatch.context() as mp:
+        force_form(mp, form)
+        test_cpu_matches_reference.hypothesis.inner_test(layout, seed)
+
+
+def test_micro_forms_chosen_for_the_seed_shapes():
+    from atoms import _microgemm as micro
+
+    assert micro.choose_form(1, 8192, 32, 1024) == "dot"  # x · Aᵀ
+    assert micro.choose_form(1, 8192, 1024, 32) == "bcast"  # h · Bᵀ
+    assert micro.choose_form(1, 256, 1024, 32) is None  # packing B would cost more than it saves
+    assert micro.choose_form(1, 512, 512, 512) is None  # square: BLAS
+    assert micro.usable("dot", 0, 1) and not micro.usable("dot", 1, 1) and micro.usable("bcast", 1, 0)

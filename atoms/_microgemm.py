@@ -1,0 +1,151 @@
+"""Register-blocked GEMM tiles for the skinny products of low-rank (LoRA-style) programs.
+
+OpenBLAS handles a thin operand poorly: with this project's default environment, a
+``[64, 32] x [32, 1024]`` tile runs at about 35 GFLOP/s on one core and a
+``[128, 1024] x [1024, 32]`` one at about 54, where these tiles reach about 57 and 65
+(``bench/experiments/contract_microkernels.py``, side by side). Two forms, generated as
+source for the contract kernel (``atoms._gemm``), both computing one row tile into the hot
+``scratch`` the epilogue then reads:
+
+- ``dot`` (small N, long K): ``MR x NR`` dot products with vectors along K, for a left
+  operand with unit K stride and a right operand with unit K stride (``x · Aᵀ``);
+- ``bcast`` (short K, wide N): ``MR x NR`` outer-product accumulators, the right operand
+  packed once per call as ``[K, N]`` rows and an ``MR``-row panel of the left one per block
+  (``h · Bᵀ``).
+
+Indices are int64 throughout; every vector access stays inside a row of K or N elements.
+"""
+from __future__ import annotations
+
+import re
+
+from runtime import simd
+
+# Where each form beats BLAS (measured on the seed's shapes; outside them BLAS is kept).
+DOT_MAX_N, DOT_MIN_K = 64, 256
+# bcast packs the right operand on one thread first (~60 us for 32 x 1024 here): worth it
+# from about a thousand rows (seed, side by side: T=256 slower, T=8192 faster)
+BCAST_MAX_K, BCAST_MIN_N, BCAST_MIN_ROWS = 64, 256, 2048
+DOT_MR, DOT_NR = 4, 2  # 8 accumulators + 2 + 1 registers of 16
+BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
+
+
+def choose_form(nb: int, m: int, n: int, k: int) -> str | None:
+    if n <= DOT_MAX_N and k >= DOT_MIN_K:
+        return "dot"
+    if k <= BCAST_MAX_K and n >= BCAST_MIN_N and nb * m >= BCAST_MIN_ROWS:
+        return "bcast"
+    return None
+
+
+def panel_line(dt: str, pad: str) -> str:
+    """Per worker, before its tiles: the ``bcast`` form's left-operand panel."""
+    return f"{pad}m_ap = np.empty({BCAST_MR} * k if micro else 0, np.{dt})"
+
+
+def rows_per_block(form: str) -> int:
+    return DOT_MR if form == "dot" else BCAST_MR
+
+
+def usable(form: str, ta: int, tb: int) -> bool:
+    """Whether ``form`` can read operands of these BLAS layouts (``bcast`` packs both)."""
+    return form == "bcast" or (ta == 0 and tb == 1)
+
+
+_LOCALS = re.compile(r"\b(i|j|j0|j1|q|row|pq|ab|bb|kv|kk|qb|qp|nbb|ap|bp|(?:s|c|a|b|pa|pb)\d+(?:_\d+)?|pb)\b")
+
+
+def _indent(lines: list[str], pad: str) -> list[str]:
+    return [pad + line for line in lines]
+
+
+def _own(lines: list[str]) -> list[str]:
+    """Prefix this module's locals with ``m_``: the kernel around them has its own ``i``, ``j``,
+    ``pb``... (some uint64; Numba would unify int64 and uint64 to float64)."""
+    return [_LOCALS.sub(r"m_\1", line) for line in lines]
+
+
+def _dot_block(mr: int, nr: int, lanes: int) -> list[str]:
+    R, V = range(mr), range(nr)
+    L = [f"pa{r} = ab + (i + {r}) * lda" for r in R] + [f"pb{v} = bb + (j + {v}) * ldb" for v in V]
+    L += [f"c{r}_{v} = vzero()" for r in R for v in V]
+    L += [f"for kk in range(0, kv, {lanes}):"]
+    L += [f"    b{v} = vload(bm, pb{v} + kk)" for v in V]
+    for r in R:
+        L += [f"    a{r} = vload(am, pa{r} + kk)"] + [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
+    L += [f"s{r}_{v} = vhsum(c{r}_{v})" for r in R for v in V]
+    L += ["for kk in range(kv, k):"] + [f"    s{r}_{v} += am[pa{r} + kk] * bm[pb{v} + kk]" for r in R for v in V]
+    L += [f"scratch[(i + {r}) * n + j + {v}] = s{r}_{v}" for r in R for v in V]
+    return L
+
+
+def _rows(mr: int, block, nr: int) -> list[str]:
+    """Columns of ``mr`` rows: ``nr`` at a time, then one at a time."""
+    return (["j = 0", f"while j + {nr} <= n:"] + _indent(block(mr, nr), "    ") + [f"    j += {nr}",
+            "while j < n:"] + _indent(block(mr, 1), "    ") + ["    j += 1"])
+
+
+def dot_tile(dt: str, pad: str) -> list[str]:
+    """``scratch[i, j] = sum_k A[i0 + i, k] B[k, j]`` for the tile's rows (ta=0, tb=1)."""
+    lanes = simd.lanes(dt)
+
+    def block(mr, nr):
+        return _dot_block(mr, nr, lanes)
+    L = ["ab = bi * sab + i0 * lda", "bb = bi * sbb", f"kv = k - k % {lanes}", "i = 0",
+         f"while i + {DOT_MR} <= rows:"] + _indent(_rows(DOT_MR, block, DOT_NR), "    ") + [
+        f"    i += {DOT_MR}", "while i < rows:"] + _indent(_rows(1, block, DOT_NR), "    ") + ["    i += 1"]
+    return _own(_indent(L, pad))
+
+
+def bcast_pack(dt: str, pad: str) -> list[str]:
+    """Before the tiles: ``bp[q, k, j] = B[q][k, j]`` for every right-operand batch ``q``."""
+    L = ["nbb = nb if sbb != 0 else 1",
+         f"bp = np.empty(nbb * k * n if micro else 0, np.{dt})",
+         "if micro:",
+         "    for q in range(nbb):",
+         "        qb = q * sbb",
+         "        qp = q * k * n",
+         "        if tb:  # blocks of 16 columns: 16 source lines in flight, whole target lines",
+         "            for j0 in range(0, n, 16):",
+         "                j1 = min(n, j0 + 16)",
+         "                for kk in range(k):",
+         "                    for j in range(j0, j1):",
+         "                        bp[qp + kk * n + j] = bm[qb + kk + j * ldb]",
+         "        else:",
+         "            for kk in range(k):",
+         "                for j in range(n):",
+         "                    bp[qp + kk * n + j] = bm[qb + kk * ldb + j]"]
+    return _own(_indent(L, pad))
+
+
+def _bcast_rows(mr: int, lanes: int, dt: str) -> list[str]:
+    R, V = range(mr), range(BCAST_NV)
+    nr = BCAST_NV * lanes
+    L = []
+    for r in R:  # the panel: ap[kk * mr + r] = A[i0 + i + r, kk], for either layout of A
+        L += [f"row = i0 + i + {r}",
+              "if ta:", f"    for kk in range(k):", f"        ap[kk * {mr} + {r}] = am[ab + row + kk * lda]",
+              "else:", f"    for kk in range(k):", f"        ap[kk * {mr} + {r}] = am[ab + row * lda + kk]"]
+    L += ["j = 0", f"while j + {nr} <= n:"]
+    body = [f"c{r}_{v} = vzero()" for r in R for v in V] + ["pb = pq + j", "for kk in range(k):"]
+    body += [f"    b{v} = vload(bp, pb + {v * lanes})" for v in V]
+    for r in R:
+        body += [f"    a{r} = vbcast(ap[kk * {mr} + {r}])"] + [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
+    body += ["    pb += n"]
+    body += [f"vstore(scratch, (i + {r}) * n + j + {v * lanes}, c{r}_{v})" for r in R for v in V]
+    L += _indent(body, "    ") + [f"    j += {nr}", "while j < n:"]
+    tail = []
+    for r in R:
+        tail += [f"s{r} = np.{dt}(0)", "for kk in range(k):",
+                 f"    s{r} += ap[kk * {mr} + {r}] * bp[pq + kk * n + j]", f"scratch[(i + {r}) * n + j] = s{r}"]
+    L += _indent(tail, "    ") + ["    j += 1"]
+    return L
+
+
+def bcast_tile(dt: str, pad: str) -> list[str]:
+    """``scratch[i, j] = sum_k A[i0 + i, k] bp[k, j]`` for the tile's rows."""
+    lanes = simd.lanes(dt)
+    L = ["ab = bi * sab", "pq = (bi if sbb != 0 else 0) * k * n", "i = 0",
+         f"while i + {BCAST_MR} <= rows:"] + _indent(_bcast_rows(BCAST_MR, lanes, dt), "    ") + [
+        f"    i += {BCAST_MR}", "while i < rows:"] + _indent(_bcast_rows(1, lanes, dt), "    ") + ["    i += 1"]
+    return _own(_indent(L, pad))
