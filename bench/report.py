@@ -176,6 +176,10 @@ def render(merged: dict[str, Any], source: str = "(merged JSON)") -> str:
            "## Reproduce", "", "```sh",
            merged.get("command", "python bench/run.py"),
            "python bench/report.py <merged.json> -o docs/performance.md", "```", "", METHOD]
+    if merged.get("rounds", 1) > 1:
+        out[-1] = METHOD.rstrip("\n") + (
+            f"\n- **Rounds.** Every contender ran in {merged['rounds']} rounds of fresh processes, in a "
+            "rotated order; each figure is the median round's median.\n\n")
     seed = medians(merged, "seed")
     out += ["## The seed program (median ms per call; B=1, S=T)", ""]
     out += case_table(seed, "case", lambda g: "{} T={}".format(*_group_key(g))) if seed else ["No seed case was timed."]

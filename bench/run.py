@@ -105,6 +105,25 @@ def merge(runs: list[dict[str, Any]], coldstarts: list[dict[str, Any]], argv: li
             "processes": processes, "benchmarks": benchmarks, "coldstart": coldstarts}
 
 
+def median_round(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per case and contender, the benchmark of the round whose median is the median of the
+    rounds' (the lower one for an even count), with every round's median kept beside it: on
+    a machine whose speed drifts, one pass per contender would credit whoever ran in a fast
+    minute."""
+    cases: dict[tuple, list[dict[str, Any]]] = {}
+    for benches in rounds:
+        for b in benches:
+            if b["stats"].get("median") is not None:
+                cases.setdefault((b["name"], b["contender"]), []).append(b)
+    out = []
+    for found in cases.values():
+        ranked = sorted(found, key=lambda b: b["stats"]["median"])
+        chosen = dict(ranked[(len(ranked) - 1) // 2])
+        chosen["round_medians"] = [b["stats"]["median"] for b in found]
+        out.append(chosen)
+    return out
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Run each benchmark contender in its own process and merge the results.")
     p.add_argument("--contenders", default=",".join(CONTENDERS),
@@ -119,6 +138,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--coldstart-tokens", type=int, default=256)
     p.add_argument("--shared-process", action="store_true",
                    help="run all contenders in ONE process (only to show the interference it causes)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every contender this many times, rotating the order; report the median round")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per contender process")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     return p.parse_args(argv)
@@ -136,14 +157,25 @@ def main(argv: list[str] | None = None) -> int:
     files = [SUITES[s] for s in suites]
     with tempfile.TemporaryDirectory(prefix="formula-bench-") as tmp:
         groups = [",".join(contenders)] if args.shared_process else contenders
-        runs = [run_contender(c, files, Path(tmp), args.keyword, args.quick, args.pytest_args,
-                              args.timeout) for c in groups]
+        rounds = []
+        for r in range(args.rounds):  # rotated, so no contender always runs first or last
+            order = groups[r % len(groups):] + groups[:r % len(groups)]
+            if args.rounds > 1:
+                print(f"[bench] round {r + 1}/{args.rounds}: {', '.join(order)}", flush=True)
+            by_name = {c: run_contender(c, files, Path(tmp), args.keyword, args.quick, args.pytest_args,
+                                        args.timeout) for c in order}
+            rounds.append([by_name[c] for c in groups])
     colds: list[dict[str, Any]] = []
     for backend in [] if args.coldstart == "none" else args.coldstart.split(","):
         print(f"[bench] cold/warm first run: {backend}, T={args.coldstart_tokens}", flush=True)
         colds.extend(coldstart.cold_and_warm(backend.strip(), args.coldstart_tokens))
+    runs = rounds[0]
     merged = merge(runs, colds, [str(Path(__file__).relative_to(REPO)), *argv],
                    envinfo.collect(REPO))
+    if len(rounds) > 1:
+        merged["benchmarks"] = median_round(
+            [merge(rs, [], [], {})["benchmarks"] for rs in rounds])
+        merged["rounds"] = len(rounds)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or REPO / "bench" / "results" / f"run-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -154,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
         args.report.write_text(report.render(merged, source=str(out)))
         print(f"[bench] report: {args.report}")
-    bad = [r["contender"] for r in runs if r["returncode"] not in (0, 5)]  # 5: all deselected
+    bad = sorted({r["contender"] for rs in rounds for r in rs if r["returncode"] not in (0, 5)})  # 5: deselected
     if bad:
         print(f"[bench] FAILED contenders: {bad}", file=sys.stderr)
     return 1 if bad else 0

@@ -127,3 +127,22 @@ def test_merge_and_report():
     assert ["float32 T=8192", "10.00", "—", "—"] in cells  # numpy did not run at T=8192
     assert ["add", "0.100", "0.200", "2.00×"] in cells
     assert "`torch`: 2 case(s) skipped: torch: package 'torch' is not installed" in text
+
+
+def test_rounds_report_the_median_round_per_case():
+    def one_round(cpu_s, numpy_s):
+        return [{"contender": c, "command": c, "returncode": 0, "seconds": 1.0, "output_tail": "",
+                 "benchmark_json": {"benchmarks": [_bench(c, "seed-float32-T256", "seed", s)]},
+                 "meta": {"skipped": [], "failed": [], "passed": ["a"], "environment": None}}
+                for c, s in (("cpu", cpu_s), ("numpy", numpy_s))]
+    rounds = [run.merge(one_round(*times), [], [], {})["benchmarks"]
+              for times in ((0.002, 0.009), (0.004, 0.003), (0.003, 0.006))]
+    chosen = {b["contender"]: b for b in run.median_round(rounds)}
+    assert chosen["cpu"]["stats"]["median"] == 0.003 and chosen["numpy"]["stats"]["median"] == 0.006
+    assert chosen["cpu"]["round_medians"] == [0.002, 0.004, 0.003]
+    merged = run.merge(one_round(0.002, 0.009), [], ["bench/run.py"], {"env": {}})
+    merged["benchmarks"], merged["rounds"] = list(chosen.values()), 3
+    text = report.render(merged)
+    assert "**Rounds.** Every contender ran in 3 rounds" in text
+    assert "| float32 T=256 | 3.00 | 6.00 | 2.00× |" in text
+    assert run.parse_args(["--rounds", "3"]).rounds == 3
