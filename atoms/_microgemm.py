@@ -125,8 +125,8 @@ def _bcast_rows(mr: int, lanes: int, dt: str) -> list[str]:
     L = []
     for r in R:  # the panel: ap[kk * mr + r] = A[i0 + i + r, kk], for either layout of A
         L += [f"row = i0 + i + {r}",
-              "if ta:", f"    for kk in range(k):", f"        ap[kk * {mr} + {r}] = am[ab + row + kk * lda]",
-              "else:", f"    for kk in range(k):", f"        ap[kk * {mr} + {r}] = am[ab + row * lda + kk]"]
+              "if ta:", "    for kk in range(k):", f"        ap[kk * {mr} + {r}] = am[ab + row + kk * lda]",
+              "else:", "    for kk in range(k):", f"        ap[kk * {mr} + {r}] = am[ab + row * lda + kk]"]
     L += ["j = 0", f"while j + {nr} <= n:"]
     body = [f"c{r}_{v} = vzero()" for r in R for v in V] + ["pb = pq + j", "for kk in range(k):"]
     body += [f"    b{v} = vload(bp, pb + {v * lanes})" for v in V]

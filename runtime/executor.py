@@ -20,7 +20,7 @@ import numpy as np
 from .atomspec import Node
 from .backends.cuda import is_device_array
 from .bindings import Binder
-from .errors import FormulaError, fail
+from .errors import fail
 from .model import Program
 from .outputs import ResultPool, check_out
 from .planner import Plan, make_plan
@@ -161,7 +161,7 @@ class Executable:
             t = b.value_type.resolve(dims, dtypes.get(b.name))
             if not t.is_static:
                 unknown = [s for s in t.sizes if isinstance(s, str)]
-                fail("binding_shape", f"$.dims", f"no extent given for symbols {unknown} of binding {b.name!r}")
+                fail("binding_shape", "$.dims", f"no extent given for symbols {unknown} of binding {b.name!r}")
             if t.dtype == "floating":
                 t = t.evolve(dtype="float32")  # planning without values: assume float32
             binding_types[b.name] = t
