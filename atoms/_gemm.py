@@ -26,8 +26,6 @@ from runtime.errors import FormulaError
 from runtime.fusion import Epilogue
 from runtime.types import TensorType
 
-from runtime import simd
-
 from . import _microgemm as micro
 from ._blas import register_blas, blas_operand, single_threaded_blas
 
@@ -220,7 +218,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
          "from numba import njit, prange",
          "from atoms._blas import ext_sgemm as _sgemm, ext_dgemm as _dgemm, ext_sgemv as _sgemv, ext_dgemv as _dgemv",
          vmath.IMPORT,
-         *([simd.ops_import(dt)] if form else []),
+         *([micro.ops_import(dt)] if form else []),
          "",
          f"@njit(cache=True, parallel={parallel}, nogil=True, error_model='numpy')",
          f"def kernel({params}):",
@@ -324,14 +322,6 @@ def keepdims_flattener(t: TensorType, out_type: TensorType):
     return flat
 
 
-def _flat_or_none(x3: np.ndarray) -> np.ndarray | None:
-    """The memory of a contiguous (C or F) operand as a flat view starting at element 0, which
-    its BLAS layout's offsets index; None for any other operand."""
-    if x3.flags.c_contiguous or x3.flags.f_contiguous:
-        return x3.ravel(order="K")
-    return None
-
-
 def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
     """``run(inputs, extras, out)``: BLAS row tiles in prange, epilogue applied per hot tile.
     Returns the number of non-finite values among the epilogue's ``checked`` extras and the
@@ -354,10 +344,9 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
     scan_left = 0 in epilogue.checked_anchor_inputs
     if scan_left:  # a scanned tile of the left operand must still be in cache when BLAS reads it
         tm = max(8, min(tm, SCAN_TILE_BYTES // max(1, k * item)))
-    form = micro.choose_form(nb, m, n, k)
-    if form:  # whole register blocks per tile: only the last tile has a row remainder
-        block = micro.rows_per_block(form)
-        tm = -(-tm // block) * block
+    # (tiles of at most GEMV_ROWS rows always call gemv: no micro-kernel when all are)
+    form = micro.choose_form(nb, m, n, k) if m > GEMV_ROWS else None
+    tm = micro.whole_blocks(form, tm)
     ntiles = nb * -(-m // tm)
     parallel = nb * m * n * k >= PARALLEL_MIN_MACS and nb * -(-m // 8) > 1
     if parallel:  # at least one tile per thread
@@ -366,9 +355,7 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
         threads = numba.get_num_threads()
         want = threads * TILES_PER_THREAD
         if ntiles < want:
-            tm = max(8, -(-m // max(1, want // nb)))
-            if form:
-                tm = -(-tm // block) * block
+            tm = micro.whole_blocks(form, max(8, -(-m // max(1, want // nb))))
             ntiles = nb * -(-m // tm)
         nwork = min(threads, ntiles)
     else:
@@ -412,14 +399,9 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
                 bf = right.T.reshape(-1)
             else:
                 other += not value_is_finite(right)
-        am = bm = no_scan
-        use = 0
-        if form and micro.usable(form, ta, tb):
-            am, bm = _flat_or_none(a3), _flat_or_none(b3)
-            use = int(am is not None and bm is not None)
-            if not use:
-                am = bm = no_scan
-        args = (ints, ta, lda, sab, tb, ldb, sbb, a3, b3, af, scan, bf, out.reshape(-1), am, bm, use,
+        flat = micro.operands(form, a3, b3, ta, tb) if form else None
+        am, bm = flat or (no_scan, no_scan)
+        args = (ints, ta, lda, sab, tb, ldb, sbb, a3, b3, af, scan, bf, out.reshape(-1), am, bm, int(flat is not None),
                 *xs, *tables, nwork)
         if guard is None:  # (micro-kernel runs still call gemv for tiles of a few rows)
             got = kernel(*args)

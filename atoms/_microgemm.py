@@ -31,6 +31,11 @@ DOT_MR, DOT_NR = 4, 2  # 8 accumulators + 2 + 1 registers of 16
 BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
 
 
+def ops_import(dt: str) -> str:
+    """The generated kernel's import line of the vector operations these tiles use."""
+    return simd.ops_import(dt)
+
+
 def choose_form(nb: int, m: int, n: int, k: int) -> str | None:
     if n <= DOT_MAX_N and k >= DOT_MIN_K:
         return "dot"
@@ -46,6 +51,24 @@ def panel_line(dt: str, pad: str) -> str:
 
 def rows_per_block(form: str) -> int:
     return DOT_MR if form == "dot" else BCAST_MR
+
+
+def whole_blocks(form: str | None, rows: int) -> int:
+    """``rows`` rounded up to whole register blocks of ``form``, so that only a call's last
+    tile has a row remainder."""
+    block = rows_per_block(form) if form else 1
+    return -(-rows // block) * block
+
+
+def operands(form: str, a3, b3, ta: int, tb: int):
+    """``(am, bm)``: both operands' memory as flat views from element 0, which their BLAS
+    layouts' offsets index, when ``form`` reads these layouts and both are contiguous (C or
+    F); None otherwise (BLAS computes the tiles)."""
+    if not usable(form, ta, tb):
+        return None
+    if not all(x.flags.c_contiguous or x.flags.f_contiguous for x in (a3, b3)):
+        return None
+    return a3.ravel(order="K"), b3.ravel(order="K")
 
 
 def usable(form: str, ta: int, tb: int) -> bool:

@@ -168,6 +168,14 @@ def coldstart(merged: dict[str, Any]) -> list[str]:
     return lines
 
 
+def method(merged: dict[str, Any]) -> str:
+    rounds = merged.get("rounds", 1)
+    if rounds <= 1:
+        return METHOD
+    return METHOD.rstrip("\n") + (f"\n- **Rounds.** Every contender ran in {rounds} rounds of fresh "
+                                  "processes, in a rotated order; each figure is the median round's median.\n\n")
+
+
 def render(merged: dict[str, Any], source: str = "(merged JSON)") -> str:
     """The whole docs/performance.md text."""
     out = ["# Performance", "",
@@ -175,11 +183,7 @@ def render(merged: dict[str, Any], source: str = "(merged JSON)") -> str:
            "Regenerate with the commands below; do not edit the tables by hand.", "",
            "## Reproduce", "", "```sh",
            merged.get("command", "python bench/run.py"),
-           "python bench/report.py <merged.json> -o docs/performance.md", "```", "", METHOD]
-    if merged.get("rounds", 1) > 1:
-        out[-1] = METHOD.rstrip("\n") + (
-            f"\n- **Rounds.** Every contender ran in {merged['rounds']} rounds of fresh processes, in a "
-            "rotated order; each figure is the median round's median.\n\n")
+           "python bench/report.py <merged.json> -o docs/performance.md", "```", "", method(merged)]
     seed = medians(merged, "seed")
     out += ["## The seed program (median ms per call; B=1, S=T)", ""]
     out += case_table(seed, "case", lambda g: "{} T={}".format(*_group_key(g))) if seed else ["No seed case was timed."]

@@ -79,19 +79,10 @@ def merge(runs: list[dict[str, Any]], coldstarts: list[dict[str, Any]], argv: li
           driver_env: dict[str, Any]) -> dict[str, Any]:
     """One document: every timed benchmark (raw samples dropped) tagged with the process it
     ran in, each process's environment, skip reasons, and the cold-start figures."""
-    benchmarks, processes = [], []
+    processes = []
     for run in runs:
         bj = run.get("benchmark_json") or {}
         meta = run.get("meta") or {}
-        for bench in bj.get("benchmarks", []):
-            stats = {k: v for k, v in bench.get("stats", {}).items() if k != "data"}
-            extra = bench.get("extra_info", {})
-            benchmarks.append({"name": bench.get("name"), "fullname": bench.get("fullname"),
-                               "group": bench.get("group"), "suite": extra.get("suite"),
-                               "contender": extra.get("contender", run["contender"]),
-                               "shared_process": "," in run["contender"],
-                               "process": run["contender"], "extra_info": extra,
-                               "options": bench.get("options"), "stats": stats})
         processes.append({
             "contender": run["contender"], "command": run["command"],
             "returncode": run["returncode"], "seconds": run["seconds"],
@@ -102,7 +93,23 @@ def merge(runs: list[dict[str, Any]], coldstarts: list[dict[str, Any]], argv: li
             "output_tail": run["output_tail"] if run["returncode"] not in (0, 5) else None})
     return {"schema": SCHEMA, "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "command": shlex.join([sys.executable, *argv]), "environment": driver_env,
-            "processes": processes, "benchmarks": benchmarks, "coldstart": coldstarts}
+            "processes": processes, "benchmarks": benchmarks_of(runs), "coldstart": coldstarts}
+
+
+def benchmarks_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every timed benchmark of these runs (raw samples dropped), tagged with its process."""
+    benchmarks = []
+    for run in runs:
+        for bench in (run.get("benchmark_json") or {}).get("benchmarks", []):
+            stats = {k: v for k, v in bench.get("stats", {}).items() if k != "data"}
+            extra = bench.get("extra_info", {})
+            benchmarks.append({"name": bench.get("name"), "fullname": bench.get("fullname"),
+                               "group": bench.get("group"), "suite": extra.get("suite"),
+                               "contender": extra.get("contender", run["contender"]),
+                               "shared_process": "," in run["contender"],
+                               "process": run["contender"], "extra_info": extra,
+                               "options": bench.get("options"), "stats": stats})
+    return benchmarks
 
 
 def median_round(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -169,12 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     for backend in [] if args.coldstart == "none" else args.coldstart.split(","):
         print(f"[bench] cold/warm first run: {backend}, T={args.coldstart_tokens}", flush=True)
         colds.extend(coldstart.cold_and_warm(backend.strip(), args.coldstart_tokens))
-    runs = rounds[0]
-    merged = merge(runs, colds, [str(Path(__file__).relative_to(REPO)), *argv],
+    merged = merge(rounds[0], colds, [str(Path(__file__).relative_to(REPO)), *argv],
                    envinfo.collect(REPO))
     if len(rounds) > 1:
-        merged["benchmarks"] = median_round(
-            [merge(rs, [], [], {})["benchmarks"] for rs in rounds])
+        merged["benchmarks"] = median_round([benchmarks_of(rs) for rs in rounds])
         merged["rounds"] = len(rounds)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or REPO / "bench" / "results" / f"run-{stamp}.json"
