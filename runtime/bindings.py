@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -27,9 +28,11 @@ from .backends.cuda import is_device_array
 from .finite import all_finite, device_all_finite
 from .banks import BankOperand, binding_identity, tensor_fingerprint
 from .errors import FormulaError, fail
+from .resident import ResidentBanks
 from .types import FLOAT_DTYPES, formula_dtype, numpy_dtype
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+NO_RESIDENT: Mapping[str, Any] = MappingProxyType({})
 
 
 @attrs.frozen
@@ -41,21 +44,70 @@ class BoundValues:
     binding_bytes: int
     structure: tuple | None = None  # set by Binder's fast path: names, dtypes, shapes as last run
     unchecked: frozenset[str] = frozenset()  # float values whose finiteness a kernel checks
+    resident: Mapping[str, Any] = NO_RESIDENT  # resident banks: their values on the backend
 
 
 def bind_values(program, inputs: Mapping[str, Any] | None, banks: Any) -> BoundValues:
-    """Check ``inputs``/``banks`` against the program's bindings (every SPEC §4 rule)."""
+    """Check ``inputs``/``banks`` against the program's bindings (every SPEC §4 rule).
+    Resident banks (``runtime.resident``) were checked when loaded: only the inputs are,
+    with the extents the banks fix."""
     inputs = _mapping(inputs, "$.inputs", "inputs")
-    store = banks if _is_store(banks) else None
-    bank_map = {} if store is not None else _mapping(banks, "$.banks", "banks")
-    _check_keys(program, inputs, program.input_bindings, "$.inputs", "input")
-    if store is None:
-        _check_keys(program, bank_map, program.bank_bindings, "$.banks", "bank")
-
+    resident = banks if isinstance(banks, ResidentBanks) else None
     symbols = _Symbols()
+    if resident is not None:
+        resident.check_signature(program)
+        _check_keys(program, inputs, program.input_bindings, "$.inputs", "input")
+        symbols.dims.update(resident.dims)
+        symbols.where.update(resident.where)
+        floating = [v.dtype for name, v in resident.owned.items()
+                    if program.binding(name).value_type.dtype == "floating"]
+        values = _check_all(program.input_bindings, inputs, (None, {}), symbols, floating)
+        values.update(resident.owned)
+    else:
+        source = _bank_source(banks)
+        _check_keys(program, inputs, program.input_bindings, "$.inputs", "input")
+        _check_bank_keys(program, source)
+        values = _check_all(program.bindings, inputs, source, symbols, ())
+    ordered = {b.name: values[b.name] for b in program.bindings}
+    return BoundValues(ordered, dict(symbols.dims), sum(a.nbytes for a in ordered.values()),
+                       resident=resident.on_backend if resident is not None else NO_RESIDENT)
+
+
+def bind_banks(program, banks: Any) -> tuple[BoundValues, dict[str, str]]:
+    """The bank bindings alone checked (for ``runtime.resident``), and where each symbol
+    they fix was bound. A Python number for a 0-d ``floating`` bank takes the float dtype of
+    the other banks here (there are no inputs to agree with)."""
+    if isinstance(banks, ResidentBanks):
+        banks = dict(banks.owned)  # loaded again: checked again, like any mapping
+    source = _bank_source(banks)
+    _check_bank_keys(program, source)
+    symbols = _Symbols()
+    values = _check_all(program.bank_bindings, {}, source, symbols, ())
+    ordered = {b.name: values[b.name] for b in program.bank_bindings}
+    return BoundValues(ordered, dict(symbols.dims), sum(a.nbytes for a in ordered.values())), \
+        dict(symbols.where)
+
+
+def _bank_source(banks: Any) -> tuple[Any, Mapping]:
+    """(store, mapping): a bank store resolves every bank binding, else the mapping does."""
+    if _is_store(banks):
+        return banks, {}
+    return None, _mapping(banks, "$.banks", "banks")
+
+
+def _check_bank_keys(program, source) -> None:
+    if source[0] is None:
+        _check_keys(program, source[1], program.bank_bindings, "$.banks", "bank")
+
+
+def _check_all(bindings, inputs: Mapping, source, symbols: "_Symbols",
+               floating_known: Sequence[np.dtype]) -> dict[str, np.ndarray]:
+    """Every value of ``bindings`` checked. ``floating_known``: the dtypes of the run's
+    ``floating`` values checked before (they count for the dtype a Python number takes)."""
+    store, bank_map = source
     values: dict[str, np.ndarray] = {}
     deferred: list[tuple[Any, Any, str]] = []  # Python numbers for 0-d 'floating' bindings
-    for b in program.bindings:
+    for b in bindings:
         path = f"$.{'inputs' if b.kind == 'input' else 'banks'}.{b.name}"
         if b.kind == "input":
             raw = inputs[b.name]
@@ -72,13 +124,13 @@ def bind_values(program, inputs: Mapping[str, Any] | None, banks: Any) -> BoundV
         values[b.name] = _check_value(b, raw, path, symbols)
 
     if deferred:
-        seen = {values[b.name].dtype for b in program.bindings
-                if b.value_type.dtype == "floating" and b.name in values}
+        floats = {b.name for b in bindings if b.value_type.dtype == "floating"}
+        seen = {v.dtype for name, v in values.items() if name in floats}
+        seen.update(floating_known)
         dtype = seen.pop() if len(seen) == 1 else np.dtype(np.float64)
         for b, raw, path in deferred:
             values[b.name] = _check_value(b, _number(b, raw, path, dtype), path, symbols)
-    ordered = {b.name: values[b.name] for b in program.bindings}
-    return BoundValues(ordered, dict(symbols.dims), sum(a.nbytes for a in ordered.values()))
+    return values
 
 
 # --- arguments ---------------------------------------------------------------------------
@@ -299,9 +351,10 @@ class Binder:
                      "(it changed while the run read it)")
 
     def bind(self, inputs: Any, banks: Any) -> BoundValues:
-        got = self._key(inputs, banks) if self._eligible else None
+        resident = banks if isinstance(banks, ResidentBanks) else None
+        got = self._key(inputs, banks, resident) if self._eligible or resident is not None else None
         if got is not None:
-            fast = self._fast(*got)
+            fast = self._fast(*got, resident)
             if fast is not None:
                 return fast
         bound = bind_values(self.program, inputs, banks)
@@ -309,11 +362,19 @@ class Binder:
             self._last = (got[0], bound)
         return bound
 
-    def _key(self, inputs: Any, banks: Any):
-        """(structure key, values in binding order), or None when the fast path cannot apply."""
-        banks = {} if banks is None else banks
-        if type(inputs) is not dict or type(banks) is not dict or \
-                (len(inputs), len(banks)) != self._counts:
+    def _key(self, inputs: Any, banks: Any, resident: ResidentBanks | None):
+        """(structure key, values in binding order), or None when the fast path cannot apply.
+        Resident banks count by their shapes and dtypes, like arrays, and the key says they
+        are resident (their runs need no check of the banks, so they get plans of their own)."""
+        if resident is not None:
+            if resident.signature is not self.program.bank_signature:
+                return None  # (the full path compares the signatures and names the mismatch)
+            banks = resident.owned
+        elif banks is None:
+            banks = {}
+        elif type(banks) is not dict:
+            return None
+        if type(inputs) is not dict or (len(inputs), len(banks)) != self._counts:
             return None
         key, values = [], []
         for name, is_input, _ in self._order:
@@ -326,19 +387,21 @@ class Binder:
                 return None  # the full path converts it
             key.append((v.dtype, v.shape))
             values.append(v)
+        key.append(resident is not None)
         return tuple(key), values
 
-    def _fast(self, key: tuple, values: list) -> BoundValues | None:
+    def _fast(self, key: tuple, values: list, resident: ResidentBanks | None) -> BoundValues | None:
         last = self._last
         if last is None or key != last[0]:
             return None
         skip = self._deferred(key)
+        checked = resident.owned if resident is not None else NO_RESIDENT
         for (name, _, floating), v in zip(self._order, values):
-            if floating and name not in skip and not _all_finite(v):
+            if floating and name not in skip and name not in checked and not _all_finite(v):
                 return None  # the full path names the value and the index
         bound = last[1]
         return BoundValues(dict(zip(bound.values, values)), bound.dims, bound.binding_bytes,
-                           last[0], skip)
+                           last[0], skip, resident.on_backend if resident is not None else NO_RESIDENT)
 
 
 @attrs.define

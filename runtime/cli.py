@@ -109,6 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     random(c)
     c.add_argument("--repeat", type=int, default=10, metavar="N", help="timed runs (default 10)")
     c.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed runs (default 1)")
+    c.add_argument("--banks-per-run", action="store_true",
+                   help="pass the banks to every run instead of loading them once (load_banks)")
     command("atoms", _atoms, "List the registered atoms.", program=False)
     command("plugins", _plugins, "List the registered plugins and their problems.", program=False)
     return p
@@ -197,6 +199,8 @@ def _bench(args) -> int:
     exe = compile_program(Path(args.program), backend=args.backend)
     dims = dict(args.dim)
     inputs, banks = random_values(exe.program, dims, args.seed, args.int_high)
+    if not args.banks_per_run:
+        banks = exe.load_banks(banks)
     started = time.perf_counter()
     exe.run(inputs=inputs, banks=banks)
     first = (time.perf_counter() - started) * 1e3
@@ -209,7 +213,7 @@ def _bench(args) -> int:
         times.append((time.perf_counter() - started) * 1e3)
     shown = ", ".join(f"{k}={v}" for k, v in dims.items()) or "static"
     print(f"bench {args.program} on {args.backend} ({shown}), {args.repeat} runs after "
-          f"{args.warmup} warm-up")
+          f"{args.warmup} warm-up, banks {'passed per run' if args.banks_per_run else 'loaded once'}")
     print(f"first run     {first:.3f} ms (planning and compilation included)")
     print(f"min           {min(times):.3f} ms")
     print(f"median        {statistics.median(times):.3f} ms")

@@ -25,6 +25,8 @@ from .model import Program
 from .outputs import ResultPool, check_out
 from .planner import Plan, make_plan
 from .registry import Registry
+from .resident import ResidentBanks
+from .resident import load as load_resident
 from .resolve import resolve_nodes
 from .types import FLOAT_DTYPES, TensorType, formula_dtype
 
@@ -139,14 +141,15 @@ class Executable:
             return self._schedule(dims, dict(dtypes or {}), enforce=False)[0]
         return self._compiled(dims, dict(dtypes or {})).plan
 
-    def _compiled(self, dims: dict[str, int], dtypes: dict[str, str]) -> CompiledPlan:
-        key = (tuple(sorted(dims.items())), tuple(sorted(dtypes.items())))
+    def _compiled(self, dims: dict[str, int], dtypes: dict[str, str],
+                  resident: frozenset[str] = frozenset()) -> CompiledPlan:
+        key = (tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), resident)
         with self._plans_lock:
             compiled = self._plans.get(key)
             if compiled is not None:
                 self._plans.move_to_end(key)
                 return compiled
-        compiled = self._build(dims, dtypes)
+        compiled = self._build(dims, dtypes, resident)
         with self._plans_lock:
             self._plans[key] = compiled
             while len(self._plans) > MAX_CACHED_PLANS:
@@ -172,10 +175,12 @@ class Executable:
                          binding_kinds={b.name: b.kind for b in program.bindings}, enforce=enforce)
         return plan, types, binding_types
 
-    def _build(self, dims: dict[str, int], dtypes: dict[str, str]) -> CompiledPlan:
+    def _build(self, dims: dict[str, int], dtypes: dict[str, str], resident: frozenset[str]) -> CompiledPlan:
+        """Kernels for these extents; none counts the non-finite values of ``resident``
+        banks (checked when loaded)."""
         plan, types, binding_types = self._schedule(dims, dtypes)
         binding_slots = set(binding_types)
-        unclaimed = {n for n, t in binding_types.items() if t.dtype in FLOAT_DTYPES}
+        unclaimed = {n for n, t in binding_types.items() if t.dtype in FLOAT_DTYPES} - resident
         launches, upfront = [], []
         for group in plan.groups:
             checks = []
@@ -225,11 +230,22 @@ class Executable:
                        counted, group.output_slot, group.output_type, checks, label)
 
     # --- running ------------------------------------------------------------------------
+    def load_banks(self, banks: Any) -> ResidentBanks:
+        """Check the bank values once (every SPEC §4 rule) and keep the runtime's own copies
+        of them (on the device, for a device backend), to pass as ``run(banks=...)``: runs
+        then check only their inputs, and no kernel scans the banks again. ``banks`` is what
+        ``run`` takes: a mapping (of arrays or ``BankOperand``) or a bank store. Later changes
+        to the caller's arrays do not reach the loaded copies: load them again."""
+        return load_resident(self.program, banks, self.backend)
+
     def run(self, inputs: Mapping[str, Any] | None = None, banks: Any = None, trace: bool = False,
             out: Mapping[str, Any] | None = None) -> Result:
         """Run once. ``out`` maps output slots to arrays to write the results into (host
         arrays, or device arrays for device results); results it leaves out are new arrays,
-        or earlier results the caller no longer refers to at all."""
+        or earlier results the caller no longer refers to at all. ``banks`` may be the
+        :meth:`load_banks` of this program: then only the inputs are checked."""
+        if isinstance(banks, ResidentBanks):
+            banks.check_backend(self.backend)
         bound = self._binder.bind(inputs, banks)
         compiled = self._by_structure.get(bound.structure) if bound.structure is not None else None
         if compiled is None:
@@ -268,7 +284,7 @@ class Executable:
                          "NumPy arrays (use backend='cuda', or copy it to the host)")
         dtypes = {b.name: formula_dtype(bound.values[b.name].dtype) for b in self.program.bindings
                   if b.value_type.dtype == "floating"}
-        compiled = self._compiled(bound.dims, dtypes)
+        compiled = self._compiled(bound.dims, dtypes, frozenset(bound.resident))
         if bound.structure is not None:
             if len(self._by_structure) >= MAX_CACHED_PLANS:
                 self._by_structure.clear()
@@ -281,7 +297,8 @@ class Executable:
         plan = compiled.plan
         host_results = backend.device_memory and _host_values(bound)
         values: dict[str, Any] = dict(bound.values) if not backend.device_memory else \
-            {name: backend.to_backend(v) for name, v in bound.values.items()}
+            {name: bound.resident[name] if name in bound.resident else backend.to_backend(v)
+             for name, v in bound.values.items()}
         values.update(arena)
         outputs: dict[str, Any] = {}
         pooled: list[str] = []

@@ -157,6 +157,13 @@ class Program:
     def bank_bindings(self) -> tuple[BankBinding, ...]:
         return tuple(b for b in self.bindings if b.kind == "bank")
 
+    @cached_property
+    def bank_signature(self) -> tuple:
+        """What resident banks (``runtime.resident``) must agree on to serve this program:
+        every bank binding's name, declared type and identity."""
+        return tuple((b.name, b.value_type, b.source_ref, b.partition_id, b.asset_fingerprint,
+                      b.bundle_id, tuple(b.member_ids)) for b in self.bank_bindings)
+
     @property
     def symbols(self) -> tuple[str, ...]:
         seen: dict[str, None] = {}

@@ -126,7 +126,9 @@ def test_plan_text_and_json(capsys):
 def test_bench(capsys):
     assert main(["bench", SEED, *DIMS, "--repeat", "2", "--warmup", "0"]) == 0
     out = capsys.readouterr().out
-    assert "first run" in out and "median" in out
+    assert "first run" in out and "median" in out and "banks loaded once" in out
+    assert main(["bench", SEED, *DIMS, "--repeat", "1", "--banks-per-run"]) == 0
+    assert "banks passed per run" in capsys.readouterr().out
     assert main(["bench", SEED, *DIMS, "--repeat", "0"]) == 1
 
 
