@@ -12,6 +12,7 @@ import pytest
 
 from . import registry as _registry
 from .atomspec import InferContext
+from .validate import check_signature
 from .model import type_to_dict
 from .types import TensorType, numpy_dtype
 
@@ -99,6 +100,7 @@ class ProgramBuilder:
         iid = f"i{len(self.instructions)}"
         slot = slot or f"%{len(self.instructions)}"
         attributes = dict(attributes or {})
+        check_signature(spec, inputs, attributes, f"$.instructions[{len(self.instructions)}]")
         ctx = InferContext(spec, f"$.instructions[{len(self.instructions)}]", attributes,
                             [self.types[s] for s in inputs], inputs)
         out = spec.infer(ctx)

@@ -155,15 +155,7 @@ def _instructions(p: Program, registry: Registry) -> None:
                  f"step {ins.step} of {ins.instruction_id!r} is smaller than the previous step {previous_step}")
         previous_step = ins.step
         spec = registry.atom(ins.atom_ref, f"{path}.atom_ref")
-        if len(ins.input_slots) != len(spec.inputs):
-            fail("atom_signature", f"{path}.input_slots",
-                 f"{spec.name} takes {len(spec.inputs)} inputs ({', '.join(spec.inputs)}), got {len(ins.input_slots)}")
-        keys = set(ins.attributes)
-        missing, extra = sorted(spec.attributes - keys), sorted(keys - spec.attributes)
-        if missing or extra:
-            parts = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
-            fail("atom_signature", f"{path}.attributes",
-                 f"{spec.name} attributes must be exactly {sorted(spec.attributes)}: {'; '.join(parts)}")
+        check_signature(spec, ins.input_slots, ins.attributes, path)
         operand_types = []
         for k, slot_id in enumerate(ins.input_slots):
             if slot_id not in slots:
@@ -193,6 +185,20 @@ def _instructions(p: Program, registry: Registry) -> None:
         if s.producer == "instruction" and s.slot_id not in writers:
             fail("slot_producer", f"$.slots[{j}].producer_id",
                  f"slot {s.slot_id!r} claims instruction {s.producer_id!r}, which does not write it")
+
+
+def check_signature(spec, input_slots, attributes, path: str) -> None:
+    """The operand count and the exact attribute keys an atom takes (before its ``infer``
+    reads them)."""
+    if len(input_slots) != len(spec.inputs):
+        fail("atom_signature", f"{path}.input_slots",
+             f"{spec.name} takes {len(spec.inputs)} inputs ({', '.join(spec.inputs)}), got {len(input_slots)}")
+    keys = set(attributes)
+    missing, extra = sorted(spec.attributes - keys), sorted(keys - spec.attributes)
+    if missing or extra:
+        parts = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
+        fail("atom_signature", f"{path}.attributes",
+             f"{spec.name} attributes must be exactly {sorted(spec.attributes)}: {'; '.join(parts)}")
 
 
 def _check_instruction_slot(p: Program, s, j: int, instruction_id: str) -> None:

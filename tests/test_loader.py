@@ -79,3 +79,17 @@ def test_formula_error_pickles_and_names_code_and_path():
     assert "[schema] $.slots[0]: bad" == str(err)
     with pytest.raises(ValueError):
         runtime.FormulaError("no-such-code", "$", "x")
+
+
+def test_program_builder_names_a_missing_attribute_instead_of_a_key_error():
+    from runtime.testing import ProgramBuilder
+
+    b = ProgramBuilder()
+    x = b.input("x", {"N": 3})
+    with pytest.raises(runtime.FormulaError) as err:
+        b.op("scale", [x, x], {"factor_axes": []})
+    assert (err.value.code, err.value.path) == ("atom_signature", "$.instructions[0].attributes")
+    assert "missing ['accumulation_dtype']" in err.value.message
+    with pytest.raises(runtime.FormulaError) as err:
+        b.op("scale", [x], {"factor_axes": [], "accumulation_dtype": "float32"})
+    assert err.value.path == "$.instructions[0].input_slots"
