@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from runtime import vmath
+from runtime import simd, vmath
 from runtime.bindings import value_is_finite
 from runtime.codegen import configure_numba_cache, load_generated
 from runtime.errors import FormulaError
@@ -209,6 +209,8 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     addrs = [out_addr] + list(extra_addr)
     tables = [f"t_{nm}{g}" for nm, ad in zip(names, addrs) for g, kind in zip("bmn", ad.kinds)
               if kind == "table"]
+    scan_left = 0 in epilogue.checked_anchor_inputs
+    scan_right = 1 in epilogue.checked_anchor_inputs
     xs = [f"x{j}" for j in range(len(extra_addr))]
     params = ", ".join(["ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "b", "af", "scan_a", "bf", "out",
                          "am", "bm", "micro"]
@@ -219,6 +221,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
          "from atoms._blas import ext_sgemm as _sgemm, ext_dgemm as _dgemm, ext_sgemv as _sgemv, ext_dgemv as _dgemv",
          vmath.IMPORT,
          *([micro.ops_import(dt)] if form else []),
+         *([simd.scan_import(dt)] if scan_left or scan_right else []),
          "",
          f"@njit(cache=True, parallel={parallel}, nogil=True, error_model='numpy')",
          f"def kernel({params}):",
@@ -229,15 +232,11 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
         for g, kind in enumerate(ad.kinds):
             if kind == "affine":
                 L.append(f"    s_{nm}{'bmn'[g]} = ints[{_I_ADDR + 3 * a + g}]")
-    scan_left = 0 in epilogue.checked_anchor_inputs
-    scan_right = 1 in epilogue.checked_anchor_inputs
     counting = bool(epilogue.checked) or scan_left or scan_right  # count non-finite values read
     if counting:
         L += ["    nfb = 0", "    counts = np.zeros(nwork, np.int64)"]
     if scan_right:  # the right operand (a bank, typically small) flat, once, before the tiles
-        L += ["    for q in range(np.uint64(bf.size)):",
-              "        bv = bf[q]",
-              "        nfb += (bv - bv) != 0"]
+        L += ["    nfb = _nonfinite(bf, 0, bf.size)"]
     if form == "bcast":
         L += micro.bcast_pack(dt, "    ")
     L += ["    ntm = (m + tm - 1) // tm",
@@ -264,10 +263,8 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
           "            prm[1] = rows"]
     if scan_left:
         L += ["            if scan_a:",
-              "                q0 = np.uint64((bi * m + i0) * k)",
-              "                for q in range(q0, q0 + np.uint64(rows * k)):",
-              "                    av = af[q]",
-              "                    nf += (av - av) != 0"]
+              "                q0 = (bi * m + i0) * k",
+              "                nf += _nonfinite(af, q0, q0 + rows * k)"]
     L += ["            arow = i0 if ta else i0 * lda",
               "            if rows <= %d:" % GEMV_ROWS,  # gemm would pack all of B for a few rows
               "                for i in range(rows):",

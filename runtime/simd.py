@@ -8,15 +8,17 @@ multiply-add and a horizontal sum. On targets with narrower vectors LLVM splits 
 
 Names are ``<op>_<f32x8|f64x4>``; :func:`ops_import` gives generated sources their import
 line (with :data:`VERSION`, so a change here renames every generated module and its cache).
+Built on them, ``nonfinite_<f32|f64>(flat, lo, hi)`` is the finiteness scan of SPEC §4 at
+vector speed (:func:`scan_import`).
 """
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-VERSION = 1
+VERSION = 2
 VECTOR_BYTES = 32
 OPS = ("load", "store", "bcast", "zero", "fma", "hsum")
 
@@ -140,3 +142,36 @@ def ops_import(dt: str) -> str:
     suffix = "f32x8" if dt == "float32" else "f64x4"
     names = ", ".join(f"{op}_{suffix} as v{op}" for op in OPS)
     return f"from runtime.simd import {names}  # simd v{VERSION}"
+
+
+def _scan(load, zero, fma, hsum, width: int):
+    @njit(cache=True, nogil=True, error_model="numpy")
+    def nonfinite(flat, lo, hi):
+        """1 if ``flat[lo:hi]`` holds a NaN or ±inf, else 0 (the caller checks the bounds).
+        ``v * 0`` is 0 for every finite ``v`` and NaN otherwise, so each accumulator stays
+        exactly 0 unless a value is not finite: one FMA per vector, four vectors in flight."""
+        z = zero()
+        a0, a1, a2, a3 = zero(), zero(), zero(), zero()
+        q = lo
+        while q + 4 * width <= hi:
+            a0 = fma(load(flat, q), z, a0)
+            a1 = fma(load(flat, q + width), z, a1)
+            a2 = fma(load(flat, q + 2 * width), z, a2)
+            a3 = fma(load(flat, q + 3 * width), z, a3)
+            q += 4 * width
+        found = (hsum(a0) + hsum(a1) + hsum(a2) + hsum(a3)) != 0
+        while q < hi:
+            v = flat[q]
+            found |= (v - v) != 0
+            q += 1
+        return 1 if found else 0
+    return nonfinite
+
+
+nonfinite_f32 = _scan(load_f32x8, zero_f32x8, fma_f32x8, hsum_f32x8, LANES_F32)  # noqa: F821
+nonfinite_f64 = _scan(load_f64x4, zero_f64x4, fma_f64x4, hsum_f64x4, LANES_F64)  # noqa: F821
+
+
+def scan_import(dt: str) -> str:
+    """``from runtime.simd import nonfinite_f32 as _nonfinite`` (versioned like ops_import)."""
+    return f"from runtime.simd import nonfinite_{'f32' if dt == 'float32' else 'f64'} as _nonfinite  # simd v{VERSION}"

@@ -45,3 +45,21 @@ def test_ops_import_names_a_versioned_line():
     namespace = {}
     exec(line.split("#")[0], namespace)
     assert namespace["vload"] is load_f64x4
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_nonfinite_scan_finds_every_nan_and_inf_in_its_range_only(dtype):
+    scan = simd.nonfinite_f32 if dtype == "float32" else simd.nonfinite_f64
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 7, 31, 32, 33, 100, 1000):
+        a = rng.standard_normal(n).astype(dtype) * 1e30  # large finite values stay finite
+        assert scan(a, 0, n) == 0
+        for at in {0, n // 2, n - 1} if n else ():
+            for bad in (np.nan, np.inf, -np.inf):
+                b = a.copy()
+                b[at] = bad
+                assert scan(b, 0, n) == 1, (n, at, bad)
+                assert scan(b, 0, at) == 0 and scan(b, at + 1, n) == 0  # outside the range
+                assert scan(b, at, at + 1) == 1
+    edge = np.array([np.finfo(dtype).max, -np.finfo(dtype).max, -0.0, np.finfo(dtype).tiny] * 20, dtype)
+    assert scan(edge, 0, edge.size) == 0
