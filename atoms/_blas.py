@@ -123,6 +123,39 @@ def blas_operand(x3: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int]]:
     return x3, layout
 
 
+def flat_operand(x3: np.ndarray) -> tuple[np.ndarray, bool, bool]:
+    """(flat, c_order, whole): ``x3``'s memory as a 1-D array from its first element, for a
+    kernel that takes BLAS's address from it. ``whole``: it holds the whole operand (in memory
+    order; C order when ``c_order``), which a contiguous operand allows; else it is a
+    one-element view, good for the address only."""
+    flags = x3.flags
+    if flags.c_contiguous or flags.f_contiguous:
+        return x3.ravel(order="K"), flags.c_contiguous, True
+    return np.lib.stride_tricks.as_strided(x3, shape=(1,), strides=(x3.itemsize,)), False, False
+
+
+def c_contiguous_layout(shape: tuple[int, ...], view, dtype):
+    """What :func:`blas_operand` and :func:`flat_operand` give for ``view`` of a C-contiguous,
+    aligned array of ``shape``, worked out without memory: ((trans, ld, batch stride), c_order,
+    whole), or None when the view would copy or no BLAS layout fits (compiled code, which
+    passes the array itself flat, cannot do either)."""
+    item = np.dtype(dtype).itemsize
+    strides = [item] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    probe = np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape=shape, strides=strides,
+                                            writeable=False)  # strides only: never read
+    try:
+        x3 = view(probe)
+    except (ValueError, TypeError):  # would copy (or NumPy < 2.1: no copy=False)
+        return None
+    layout = blas_layout(x3.shape, x3.strides, item)
+    if layout is None:
+        return None
+    flags = x3.flags
+    return layout, flags.c_contiguous, flags.c_contiguous or flags.f_contiguous
+
+
 def _declare_externals():
     from numba import types
 

@@ -60,17 +60,6 @@ def whole_blocks(form: str | None, rows: int) -> int:
     return -(-rows // block) * block
 
 
-def operands(form: str, a3, b3, ta: int, tb: int):
-    """``(am, bm)``: both operands' memory as flat views from element 0, which their BLAS
-    layouts' offsets index, when ``form`` reads these layouts and both are contiguous (C or
-    F); None otherwise (BLAS computes the tiles)."""
-    if not usable(form, ta, tb):
-        return None
-    if not all(x.flags.c_contiguous or x.flags.f_contiguous for x in (a3, b3)):
-        return None
-    return a3.ravel(order="K"), b3.ravel(order="K")
-
-
 def usable(form: str, ta: int, tb: int) -> bool:
     """Whether ``form`` can read operands of these BLAS layouts (``bcast`` packs both)."""
     return form == "bcast" or (ta == 0 and tb == 1)

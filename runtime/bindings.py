@@ -329,9 +329,10 @@ class Binder:
     Anything else (a bank store, operands, Python numbers, fingerprints to verify, or any
     failure) takes the full path, which also produces the precise error."""
 
-    def __init__(self, program, deferred: Callable[[tuple], frozenset[str]] = lambda structure: frozenset()):
+    def __init__(self, program, deferred: Callable[[tuple], frozenset[str] | None] = lambda structure: frozenset()):
         """``deferred(structure)``: the float bindings whose finiteness, for runs of that
-        structure, the kernels check themselves (the executor then calls :meth:`check_finite`)."""
+        structure, the kernels check themselves (the executor then calls :meth:`check_finite`);
+        None while that is not known yet (no plan for the structure)."""
         self.program = program
         self._deferred = deferred
         self._order = tuple((b.name, b.kind == "input", b.value_type.dtype in FLOAT_DTYPES
@@ -339,7 +340,9 @@ class Binder:
         self._counts = (len(program.input_bindings), len(program.bank_bindings))
         self._eligible = not any(b.kind == "bank" and b.bundle_id is None and b.asset_fingerprint
                                  is not None for b in program.bindings)
-        self._last: tuple[tuple, BoundValues] | None = None
+        # the last structure, its values, and (once the executor has a plan for it) the
+        # deferred names with the positions of the float values the fast path checks itself
+        self._last: tuple[tuple, BoundValues, list] | None = None
 
     def check_finite(self, bound: BoundValues, names, inputs: Any, banks: Any) -> None:
         """Raise the full path's precise ``nonfinite`` error if any of ``names`` is not finite."""
@@ -359,13 +362,14 @@ class Binder:
                 return fast
         bound = bind_values(self.program, inputs, banks)
         if got is not None:
-            self._last = (got[0], bound)
+            self._last = (got[0], bound, [None, ()])
         return bound
 
     def _key(self, inputs: Any, banks: Any, resident: ResidentBanks | None):
         """(structure key, values in binding order), or None when the fast path cannot apply.
-        Resident banks count by their shapes and dtypes, like arrays, and the key says they
-        are resident (their runs need no check of the banks, so they get plans of their own)."""
+        Resident banks count by their shapes and dtypes (fixed when loaded), like arrays, and
+        the key says they are resident (their runs need no check of the banks, so they get
+        plans of their own)."""
         if resident is not None:
             if resident.signature is not self.program.bank_signature:
                 return None  # (the full path compares the signatures and names the mismatch)
@@ -378,6 +382,9 @@ class Binder:
             return None
         key, values = [], []
         for name, is_input, _ in self._order:
+            if not is_input and resident is not None:
+                values.append(banks[name])
+                continue
             v = (inputs if is_input else banks).get(name)
             if type(v) is not np.ndarray:
                 if not isinstance(v, np.generic):
@@ -387,17 +394,25 @@ class Binder:
                 return None  # the full path converts it
             key.append((v.dtype, v.shape))
             values.append(v)
-        key.append(resident is not None)
+        key.append(resident.structure if resident is not None else None)
         return tuple(key), values
 
     def _fast(self, key: tuple, values: list, resident: ResidentBanks | None) -> BoundValues | None:
         last = self._last
         if last is None or key != last[0]:
             return None
-        skip = self._deferred(key)
-        checked = resident.owned if resident is not None else NO_RESIDENT
-        for (name, _, floating), v in zip(self._order, values):
-            if floating and name not in skip and name not in checked and not _all_finite(v):
+        known = last[2]
+        skip, check = known
+        if skip is None:  # asked until the executor has a plan for this structure
+            deferred = self._deferred(key)
+            skip = frozenset() if deferred is None else deferred
+            checked = resident.owned if resident is not None else NO_RESIDENT
+            check = tuple(i for i, (name, _, floating) in enumerate(self._order)
+                          if floating and name not in skip and name not in checked)
+            if deferred is not None:
+                known[:] = skip, check
+        for i in check:
+            if not _all_finite(values[i]):
                 return None  # the full path names the value and the index
         bound = last[1]
         return BoundValues(dict(zip(bound.values, values)), bound.dims, bound.binding_bytes,

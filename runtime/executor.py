@@ -20,6 +20,7 @@ import numpy as np
 from .atomspec import Node
 from .backends.cuda import is_device_array
 from .bindings import Binder
+from .driver import Driver, build_driver
 from .errors import fail
 from .model import Program
 from .outputs import ResultPool, check_out
@@ -89,6 +90,20 @@ class CompiledPlan:
         self._temporaries = tuple(
             (slot, buf.offset if buf.offset is not None else plan.buffers[buf.alias_of].offset, types[slot])
             for slot, buf in plan.buffers.items() if buf.kind == "temporary")
+        self._driver: Driver | None = None
+        self._driver_built = backend.device_memory  # device plans launch kernel by kernel
+
+    def driver(self) -> Driver | None:
+        """The plan's kernels as one compiled call (:mod:`runtime.driver`), built on first
+        use; None when one of them cannot be called from compiled code."""
+        if not self._driver_built:
+            with self._lock:
+                if not self._driver_built:
+                    buffers = self.plan.buffers
+                    self._driver = build_driver(
+                        self.launches, frozenset(s for s, b in buffers.items() if b.kind in ("input", "bank")))
+                    self._driver_built = True
+        return self._driver
 
     def acquire_arena(self) -> dict[str, Any]:
         """Each concurrent run gets its own arena, reused run after run: given as the views
@@ -268,9 +283,9 @@ class Executable:
         finally:
             compiled.release_arena(arena)
 
-    def _deferred_finite(self, structure: tuple) -> frozenset[str]:
+    def _deferred_finite(self, structure: tuple) -> frozenset[str] | None:
         compiled = self._by_structure.get(structure)
-        return compiled.deferred_finite if compiled is not None else frozenset()
+        return compiled.deferred_finite if compiled is not None else None
 
     def _compiled_for(self, bound) -> CompiledPlan:
         """The compiled plan for these values' extents and float dtypes (host backends refuse
@@ -310,25 +325,12 @@ class Executable:
                 outputs[slot] = values[slot] = compiled.results.take(slot, lambda: backend.empty(t))
                 pooled.append(slot)
         records = [] if trace else None
-        for launch in compiled.launches:
-            for node, positions in launch.checks:
-                _check(node, positions, lambda slot: backend.to_host(values[slot]))
-            out = values[launch.output]
-            started = time.perf_counter() if trace else 0.0
-            if launch.kind == "node":
-                launch.run([values[s] for s in launch.inputs], out)
-            else:
-                extras = [align(values[s]) for s, align in zip(launch.extras, launch.aligners)]
-                if launch.kind == "anchor":
-                    if launch.run([values[s] for s in launch.inputs], extras, out):  # non-finite read
-                        self._binder.check_finite(bound, launch.counts_nonfinite, *raw)
-                else:
-                    launch.run(extras, out)
-            if trace:
-                backend.synchronize()
-                records.append({**launch.label, "output": launch.output,
-                                "ms": (time.perf_counter() - started) * 1e3,
-                                "bytes": launch.output_type.nbytes})
+        driver = None if trace else compiled.driver()
+        if driver is not None and driver.takes(values):
+            if driver.run(values):  # non-finite values read
+                self._binder.check_finite(bound, compiled.deferred_finite, *raw)
+        else:
+            self._launch_each(compiled, values, bound, raw, records)
         backend.synchronize()
         for slot in pooled:
             compiled.results.lend(slot, outputs[slot])
@@ -340,6 +342,31 @@ class Executable:
                 else:
                     outputs[slot] = backend.to_host(v)
         return Result({slot: outputs[slot] for slot in self.program.outputs}, records, plan)
+
+    def _launch_each(self, compiled: CompiledPlan, values: dict[str, Any], bound, raw: tuple[Any, Any],
+                     records: list[dict[str, Any]] | None) -> None:
+        """The plan's kernels one by one from Python, with the value checks between them
+        (and a trace record per kernel when ``records`` is a list)."""
+        backend = self.backend
+        for launch in compiled.launches:
+            for node, positions in launch.checks:
+                _check(node, positions, lambda slot: backend.to_host(values[slot]))
+            out = values[launch.output]
+            started = time.perf_counter() if records is not None else 0.0
+            if launch.kind == "node":
+                launch.run([values[s] for s in launch.inputs], out)
+            else:
+                extras = [align(values[s]) for s, align in zip(launch.extras, launch.aligners)]
+                if launch.kind == "anchor":
+                    if launch.run([values[s] for s in launch.inputs], extras, out):  # non-finite read
+                        self._binder.check_finite(bound, launch.counts_nonfinite, *raw)
+                else:
+                    launch.run(extras, out)
+            if records is not None:
+                backend.synchronize()
+                records.append({**launch.label, "output": launch.output,
+                                "ms": (time.perf_counter() - started) * 1e3,
+                                "bytes": launch.output_type.nbytes})
 
 
 def _host_values(bound) -> bool:

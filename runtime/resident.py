@@ -33,6 +33,7 @@ class ResidentBanks:
     dims: Mapping[str, int]  # the extents the banks fix
     where: Mapping[str, str]  # for each of those symbols, the bank axis that fixed it
     nbytes: int
+    structure: tuple  # (dtype, shape) per owned value: their part of a run's structure key
 
     @property
     def values(self) -> Mapping[str, np.ndarray]:
@@ -80,7 +81,8 @@ def load(program, banks: Any, backend) -> ResidentBanks:
         on_backend = owned
     return ResidentBanks(program.bank_signature, backend.name, types.MappingProxyType(owned),
                          types.MappingProxyType(on_backend), types.MappingProxyType(dict(bound.dims)),
-                         types.MappingProxyType(where), sum(a.nbytes for a in owned.values()))
+                         types.MappingProxyType(where), sum(a.nbytes for a in owned.values()),
+                         tuple((a.dtype, a.shape) for a in owned.values()))
 
 
 def _owned_copy(value) -> np.ndarray:

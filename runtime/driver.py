@@ -1,0 +1,173 @@
+"""One compiled call per run: a generated ``@njit`` driver that calls a plan's kernels in turn.
+
+A run that launches its kernels from Python pays, per kernel, the dispatch of a dozen or more
+arguments and the views and layouts of its operands; at small extents (one token) that is
+most of the run. When every kernel of a plan can be called from compiled code, the executor
+generates a driver that takes the run's slot arrays once and calls them all, with every
+layout-derived argument worked out when the driver is built.
+
+That is only sound for arrays of a known layout, so a driver takes a run only when every
+binding is C-contiguous and aligned (:meth:`Driver.takes`; arena views and results always
+are); other runs, and traced ones, launch kernel by kernel. A kernel takes part by carrying a
+:class:`CompiledCall` as its ``compiled`` attribute: its Numba dispatcher and the meaning of
+each of its parameters under that assumption. The driver passes the very types a Python
+launch passes (flat C-contiguous arrays, int64 scalars: never literals, which Numba would
+compile a new specialisation of the kernel for), so it reuses the kernels' compiled code.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .codegen import configure_numba_cache, load_generated
+
+
+@attrs.frozen
+class Param:
+    """One kernel parameter: ``kind`` is "input" / "extra" (the flat C-order array of operand /
+    epilogue operand ``index``), "output" (the flat output), "int" (an int64 ``value``) or
+    "array" (the constant array ``value``)."""
+
+    kind: str
+    index: int = 0
+    value: Any = None
+
+
+def flat_input(index: int) -> Param:
+    return Param("input", index)
+
+
+def flat_extra(index: int) -> Param:
+    return Param("extra", index)
+
+
+FLAT_OUTPUT = Param("output")
+
+
+def const_int(value: int) -> Param:
+    return Param("int", value=int(value))
+
+
+def const_array(value: np.ndarray) -> Param:
+    return Param("array", value=value)
+
+
+@attrs.frozen(eq=False)
+class CompiledCall:
+    """How compiled code calls a kernel whose operands are C-contiguous, aligned arrays of
+    their types. ``guard``: a context manager the call must run inside (entered once around
+    the whole driver); ``counts``: the kernel returns a count of non-finite values read."""
+
+    kernel: Any  # a Numba dispatcher defined at module level in an importable module
+    params: tuple[Param, ...]
+    guard: Any = None
+    counts: bool = False
+
+
+class _Guards:
+    """Several guards entered as one, in order."""
+
+    def __init__(self, guards: Sequence[Any]):
+        self._guards = tuple(guards)
+
+    def __enter__(self):
+        for entered, guard in enumerate(self._guards):
+            try:
+                guard.__enter__()
+            except BaseException:
+                for g in reversed(self._guards[:entered]):
+                    g.__exit__(None, None, None)
+                raise
+        return self
+
+    def __exit__(self, *exc):
+        for guard in reversed(self._guards):
+            guard.__exit__(*exc)
+        return False
+
+
+@attrs.frozen(eq=False)
+class Driver:
+    """A plan's kernels as one compiled function, ``call(*slot arrays, *constants)``, which
+    returns the count of non-finite values its kernels read. ``slots``: the slot of each
+    array parameter; ``bindings``: those of them the caller supplies (the only ones whose
+    layout can differ from run to run: arena views and results are always C-contiguous)."""
+
+    call: Any
+    slots: tuple[str, ...]
+    bindings: tuple[str, ...]
+    constants: tuple[Any, ...]
+    guard: Any = None
+
+    def takes(self, values: Mapping[str, Any]) -> bool:
+        """Whether these values have the layout the driver was built for."""
+        for slot in self.bindings:
+            flags = values[slot].flags
+            if not (flags.c_contiguous and flags.aligned):
+                return False
+        return True
+
+    def run(self, values: Mapping[str, Any]) -> int:
+        args = [values[slot] for slot in self.slots]
+        if self.guard is None:
+            return self.call(*args, *self.constants)
+        with self.guard:
+            return self.call(*args, *self.constants)
+
+
+def build_driver(launches: Sequence[Any], bindings: frozenset[str]) -> Driver | None:
+    """The driver of these launches (``executor._Launch``), or None when one of them has a
+    value check to run between kernels or a kernel without a :class:`CompiledCall`."""
+    calls = []
+    for launch in launches:
+        call = getattr(launch.run, "compiled", None)
+        if launch.checks or not isinstance(call, CompiledCall):
+            return None
+        calls.append(call)
+    slots: dict[str, int] = {}  # slot id -> parameter position
+    ints: list[int] = []
+    arrays: list[np.ndarray] = []
+    imports, body = [], []
+
+    def slot_param(slot: str) -> str:
+        return f"f{slots.setdefault(slot, len(slots))}"
+
+    for i, (launch, call) in enumerate(zip(launches, calls)):
+        module, name = call.kernel.py_func.__module__, call.kernel.py_func.__name__
+        imports.append(f"from {module} import {name} as k{i}")
+        args = []
+        for p in call.params:
+            if p.kind == "input":
+                args.append(slot_param(launch.inputs[p.index]))
+            elif p.kind == "extra":
+                args.append(slot_param(launch.extras[p.index]))
+            elif p.kind == "output":
+                args.append(slot_param(launch.output))
+            elif p.kind == "int":
+                args.append(f"c[{len(ints)}]")
+                ints.append(p.value)
+            elif p.kind == "array":
+                args.append(f"q{len(arrays)}")
+                arrays.append(p.value)
+            else:
+                raise ValueError(f"unknown kernel parameter kind {p.kind!r}")
+        call_line = f"k{i}({', '.join(args)})"
+        body.append(f"    n += {call_line}" if call.counts else f"    {call_line}")
+    order = sorted(slots, key=slots.get)
+    params = [f"v{j}" for j in range(len(order))] + ["c"] + [f"q{j}" for j in range(len(arrays))]
+    source = "\n".join(
+        ['"""Generated by runtime.driver: one plan\'s kernels in one compiled call."""',
+         "from numba import njit", *imports, "", "",
+         "@njit(cache=True, nogil=True)",
+         f"def driver({', '.join(params)}):",
+         *[f"    f{j} = v{j}.reshape(v{j}.size)" for j in range(len(order))],
+         "    n = 0", *body, "    return n"]) + "\n"
+    configure_numba_cache()
+    call = load_generated(source, "driver").driver
+    guards = tuple(dict.fromkeys(c.guard for c in calls if c.guard is not None))
+    guard = None if not guards else guards[0] if len(guards) == 1 else _Guards(guards)
+    return Driver(call, tuple(order), tuple(s for s in order if s in bindings),
+                  (np.array(ints, np.int64), *arrays), guard)
