@@ -1,10 +1,11 @@
 """Register-blocked GEMM tiles for the skinny products of low-rank (LoRA-style) programs.
 
 OpenBLAS handles a thin operand poorly. Side by side on one core of the 2-core VM
-(``NUMBA_NUM_THREADS=1 python bench/experiments/contract_microkernels.py``): a
-``[128, 1024] x [1024, 32]`` tile takes 172 us here against 204 us with BLAS, and the whole
-``[8192, 32] x [32, 1024]`` product 11.7 ms against 14.0 ms (a 64-row call of it is slower:
-the packing of the right operand dominates, hence ``BCAST_MIN_ROWS``). Two forms, generated as
+(``NUMBA_NUM_THREADS=1 python bench/experiments/contract_microkernels.py``, 2026-12-04): a
+``[128, 1024] x [1024, 32]`` tile takes 134 us here against 144 us with BLAS, a 64-row
+``[64, 32] x [32, 1024]`` call 92 us against 93 us (the packing of the right operand is most
+of the difference there), and the whole ``[8192, 32] x [32, 1024]`` product 8.4 ms against
+11.7 ms. Two forms, generated as
 source for the contract kernel (``atoms._gemm``), both computing one row tile into the hot
 ``scratch`` the epilogue then reads:
 
@@ -24,9 +25,10 @@ from runtime import simd
 
 # Where each form beats BLAS (measured on the seed's shapes; outside them BLAS is kept).
 DOT_MAX_N, DOT_MIN_K = 64, 256
-# bcast packs the right operand on one thread first (~60 us for 32 x 1024 here): worth it
-# from about a thousand rows (seed, side by side: T=256 slower, T=8192 faster)
-BCAST_MAX_K, BCAST_MIN_N, BCAST_MIN_ROWS = 64, 256, 2048
+# bcast packs the right operand on one thread first (~14 us for 32 x 1024 here): the seed's
+# h·Bᵀ with its epilogue, side by side on 2 threads, ties BLAS at 16-128 rows and beats it
+# from 192 (0.16 vs 0.18 ms at 256 rows)
+BCAST_MAX_K, BCAST_MIN_N, BCAST_MIN_ROWS = 64, 256, 32
 DOT_MR, DOT_NR = 4, 2  # 8 accumulators + 2 + 1 registers of 16
 BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
 
@@ -65,7 +67,7 @@ def usable(form: str, ta: int, tb: int) -> bool:
     return form == "bcast" or (ta == 0 and tb == 1)
 
 
-_LOCALS = re.compile(r"\b(i|j|j0|j1|q|row|pq|pp|npad|ab|bb|kv|kk|qb|qp|nbb|ap|bp|(?:s|c|a|b|pa|pb)\d+(?:_\d+)?|pb)\b")
+_LOCALS = re.compile(r"\b(i|j|j0|j1|q|row|pq|pp|pw|pu|pld|npad|ab|bb|kv|kk|qb|qp|nbb|ap|bp|(?:s|c|a|b|pa|pb)\d+(?:_\d+)?|pb)\b")
 
 
 def _indent(lines: list[str], pad: str) -> list[str]:
@@ -119,20 +121,22 @@ def bcast_pack(dt: str, pad: str) -> list[str]:
     L = ["nbb = nb if sbb != 0 else 1",
          f"npad = (n + {nr - 1}) // {nr} * {nr}",
          f"bp = np.zeros(nbb * k * npad if micro else 0, np.{dt})",
-         "if micro:",
+         "if micro:",  # unsigned indices: the copies vectorise (2.5x faster than int64 ones here)
+         "    pld = np.uint64(ldb)",
          "    for q in range(nbb):",
-         "        qb = q * sbb",
+         "        qb = np.uint64(q * sbb)",
          f"        for j0 in range(0, n, {nr}):",
-         f"            j1 = min(n, j0 + {nr})",
-         "            pp = q * k * npad + j0 * k",
+         f"            pw = np.uint64(min(n, j0 + {nr}) - j0)",
+         "            pu = np.uint64(j0)",
+         "            pp = np.uint64(q * k * npad + j0 * k)",
          "            if tb:",
-         "                for kk in range(k):",
-         "                    for j in range(j0, j1):",
-         f"                        bp[pp + kk * {nr} + j - j0] = bm[qb + kk + j * ldb]",
+         "                for kk in range(np.uint64(k)):",
+         "                    for j in range(pw):",
+         f"                        bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk + (pu + j) * pld]",
          "            else:",
-         "                for kk in range(k):",
-         "                    for j in range(j0, j1):",
-         f"                        bp[pp + kk * {nr} + j - j0] = bm[qb + kk * ldb + j]"]
+         "                for kk in range(np.uint64(k)):",
+         "                    for j in range(pw):",
+         f"                        bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk * pld + pu + j]"]
     return _own(_indent(L, pad))
 
 

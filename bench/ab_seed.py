@@ -11,7 +11,11 @@ it is; every other variant switches one mechanism back off:
 - ``BLAS tiles``: the contract's row tiles computed by BLAS, not by the register-blocked
   micro-kernels of ``atoms._microgemm``;
 - ``banks per run``: the banks passed as arrays to every run (checked, and counted for
-  finiteness by the kernels, each run) instead of loaded once by ``Executable.load_banks``.
+  finiteness by the kernels, each run) instead of loaded once by ``Executable.load_banks``;
+- ``kernel by kernel``: no compiled driver (``runtime.driver``): the plan's kernels launched
+  one by one from Python;
+- ``bcast from 2048 rows``: ``h·Bᵀ`` by BLAS below 2048 rows (the micro-kernel's former
+  threshold, before its right operand was packed in panels by a vectorised copy).
 
     python bench/ab_seed.py 256 8192 32768
 """
@@ -42,34 +46,41 @@ def seed_values(T: int):
     return inputs, banks
 
 
-def built(inputs, banks, module=None, name=None, value=None):
-    """An executable whose kernels (built on its first run) see ``module.name = value``."""
+def built(inputs, banks, module=None, name=None, value=None, resident=True):
+    """(executable, banks to run it with): the banks loaded once (``load_banks``) or, with
+    ``resident=False``, the arrays themselves; its kernels, built on its first run with those
+    banks, see ``module.name = value``."""
     exe = runtime.compile(SEED, "cpu")
+    run_banks = exe.load_banks(banks) if resident else banks
     saved = getattr(module, name) if module is not None else None
     if module is not None:
         setattr(module, name, value)
     try:
-        exe.run(inputs=inputs, banks=banks)
+        exe.run(inputs=inputs, banks=run_banks)
     finally:
         if module is not None:
             setattr(module, name, saved)
-    return exe
+    return exe, run_banks
 
 
 def variants(inputs, banks):
     """name -> (executable, keep results?, banks to run with), each with one mechanism
     switched off."""
     separate = built(inputs, banks)
-    separate._binder._deferred = lambda structure: frozenset()
+    separate[0]._binder._deferred = lambda structure: frozenset()
+    by_kernel = built(inputs, banks)
+    for compiled in by_kernel[0]._plans.values():
+        compiled._driver, compiled._driver_built = None, True
     table = {"baseline": (built(inputs, banks), False),
              "results kept": (built(inputs, banks), True),
              "separate finiteness pass": (separate, False),
              "libm exp": (built(inputs, banks, vmath, "cpu_code", lambda lines: list(lines)), False),
              "4 tiles/thread": (built(inputs, banks, gemm, "TILES_PER_THREAD", 4), False),
-             "BLAS tiles": (built(inputs, banks, micro, "choose_form", lambda *dims: None), False)}
-    table = {name: (exe, keep, exe.load_banks(banks)) for name, (exe, keep) in table.items()}
-    table["banks per run"] = (built(inputs, banks), False, banks)
-    return table
+             "BLAS tiles": (built(inputs, banks, micro, "choose_form", lambda *dims: None), False),
+             "bcast from 2048 rows": (built(inputs, banks, micro, "BCAST_MIN_ROWS", 2048), False),
+             "banks per run": (built(inputs, banks, resident=False), False),
+             "kernel by kernel": (by_kernel, False)}
+    return {name: (exe, keep, run_banks) for name, ((exe, run_banks), keep) in table.items()}
 
 
 def main(tokens: list[int]) -> None:

@@ -382,6 +382,7 @@ def test_micro_forms_chosen_for_the_seed_shapes():
 
     assert micro.choose_form(1, 8192, 32, 1024) == "dot"  # x · Aᵀ
     assert micro.choose_form(1, 8192, 1024, 32) == "bcast"  # h · Bᵀ
-    assert micro.choose_form(1, 256, 1024, 32) is None  # packing B would cost more than it saves
+    assert micro.choose_form(1, 256, 1024, 32) == "bcast"
+    assert micro.choose_form(1, 16, 1024, 32) is None  # packing B would cost about what it saves
     assert micro.choose_form(1, 512, 512, 512) is None  # square: BLAS
     assert micro.usable("dot", 0, 1) and not micro.usable("dot", 1, 1) and micro.usable("bcast", 1, 0)
