@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+import weakref
 from collections.abc import Sequence
 
 import attrs
@@ -203,8 +205,9 @@ _I_ADDR = 5  # then (batch, M, N) strides of out, then of each extra
 
 # The kernel's leading parameters; then one flat array per epilogue operand, the offset
 # tables, and nwork. ``a``/``b``: each operand's memory as a flat array from its first element
-# (``_blas.flat_operand``), whose address BLAS takes.
-KERNEL_HEAD = ["ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "scan_a", "b", "scan_b", "out", "micro"]
+# (``_blas.flat_operand``), whose address BLAS takes. ``micro``: 0 BLAS tiles, 1 micro-kernel
+# tiles, 2 the same on ``bpk``, the right operand packed by the runner (see ``_ResidentPacks``).
+KERNEL_HEAD = ["ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "scan_a", "b", "scan_b", "out", "micro", "bpk"]
 
 
 def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[Addressing],
@@ -232,6 +235,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
          *([micro.ops_import(dt)] if form else []),
          *([simd.scan_import(dt)] if scan_left or scan_right else []),
          "",
+         *(micro.pack_source(dt) if form == "bcast" else []),
          f"@njit(cache=True, parallel={parallel}, nogil=True, error_model='numpy')",
          f"def kernel({params}):",
          f"    nb = ints[{_I_NB}]", f"    m = ints[{_I_M}]", f"    n = ints[{_I_N}]",
@@ -377,13 +381,15 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
         f" x{j}={''.join(k[0] for k in ad.kinds)}" for j, ad in enumerate(extra_addr))
     register_blas()
     configure_numba_cache()
-    kernel = load_generated(_cpu_source(label, dt, out_addr, extra_addr, epilogue, parallel, form),
-                            "contract_cpu").kernel
+    module = load_generated(_cpu_source(label, dt, out_addr, extra_addr, epilogue, parallel, form), "contract_cpu")
+    kernel = module.kernel
     flatteners = [keepdims_flattener(t, out_type) for t in epilogue.extra_types]
     scan_right = 1 in epilogue.checked_anchor_inputs
     # OpenBLAS threads a call above 4*65536 multiply-adds (interface/gemm.c): keep it on ours
     guard = single_threaded_blas() if (parallel or tm * n * k > 4 * 65536) else None
     left_view, right_view = batched_view(low.left_order, (nb, m, k)), batched_view(low.right_order, (nb, k, n))
+    packs = _ResidentPacks.of(module, form, epilogue, rt, low, dt)
+    no_pack = np.empty(0, dt)
 
     def run(inputs: Sequence[np.ndarray], extras: Sequence[np.ndarray], out: np.ndarray):
         a3, (ta, lda, sab) = blas_operand(left_view(inputs[0]))
@@ -396,9 +402,12 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
             other += not value_is_finite(inputs[0])
         if scan_right and not b_whole:
             other += not value_is_finite(inputs[1])
-        use_micro = form is not None and micro.usable(form, ta, tb) and a_whole and b_whole
+        use_micro = int(form is not None and micro.usable(form, ta, tb) and a_whole and b_whole)
+        bpk = no_pack
+        if use_micro and packs is not None and inputs[1].flags.c_contiguous:
+            use_micro, bpk = 2, packs(inputs[1])
         args = (ints, ta, lda, sab, tb, ldb, sbb, a, int(scan_left and a_c), b, int(scan_right and b_whole),
-                out.reshape(-1), int(use_micro), *xs, *tables, nwork)
+                out.reshape(-1), use_micro, bpk, *xs, *tables, nwork)
         if guard is None:  # (micro-kernel runs still call gemv for tiles of a few rows)
             got = kernel(*args)
         else:
@@ -408,12 +417,54 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
 
     run.compiled = _compiled_call(kernel, guard, form, (lt, rt), (low.left_order, low.right_order),
                                   ((nb, m, k), (nb, k, n)), dt, epilogue, out_type, scan_left, scan_right,
-                                  ints, tables, nwork)
+                                  ints, tables, nwork, packs, no_pack)
     return run
 
 
+class _ResidentPacks:
+    """The ``bcast`` micro-kernel's packed right operand, made once per resident bank value
+    (a runtime-owned array that never changes while it lives) instead of once per call:
+    ``packs(value)``. Entries go when their value does."""
+
+    def __init__(self, pack):
+        self._pack = pack
+        self._packed: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, module, form, epilogue: Epilogue, right: TensorType, low: Lowering, dt: str):
+        """The packs of this kernel's right operand, or None unless it is resident and the
+        kernel packs it (``bcast``). Resident values are C-contiguous copies."""
+        if form != "bcast" or 1 not in epilogue.resident_anchor_inputs:
+            return None
+        nb, _, n, k = low.dims
+        got = c_contiguous_layout(right.shape, batched_view(low.right_order, (nb, k, n), copy=False), dt)
+        if got is None or not got[2]:
+            return None
+        tb, ldb, sbb = got[0]
+        return cls(lambda value: module.pack_right(value.reshape(-1), nb, k, n, sbb, ldb, tb))
+
+    def __call__(self, value: np.ndarray) -> np.ndarray:
+        key = id(value)
+        with self._lock:
+            entry = self._packed.get(key)
+        if entry is not None and entry[0]() is value:
+            return entry[1]
+        packed = self._pack(value)
+        ref = weakref.ref(value, lambda _, key=key: self._forget(key))
+        with self._lock:
+            self._packed[key] = (ref, packed)
+        return packed
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            entry = self._packed.get(key)
+            if entry is not None and entry[0]() is None:
+                del self._packed[key]
+
+
 def _compiled_call(kernel, guard, form, types, orders, shapes, dt, epilogue, out_type, scan_left, scan_right,
-                   ints, tables, nwork) -> CompiledCall | None:
+                   ints, tables, nwork, packs, no_pack) -> CompiledCall | None:
     """``run``'s kernel arguments, as :mod:`runtime.driver` passes them, for C-contiguous operands:
     None when such an operand would still be copied or scanned in Python (see ``run``)."""
     operands = []
@@ -429,10 +480,13 @@ def _compiled_call(kernel, guard, form, types, orders, shapes, dt, epilogue, out
         order, _ = keepdims_order(t, out_type)
         if order != tuple(sorted(order)):
             return None
-    use_micro = form is not None and micro.usable(form, la[0], lb[0]) and a_whole and b_whole
+    use_micro = int(form is not None and micro.usable(form, la[0], lb[0]) and a_whole and b_whole)
     c = driver.const_int
+    bpk = driver.const_array(no_pack)
+    if use_micro and packs is not None:
+        use_micro, bpk = 2, driver.derived_input(1, packs)
     params = (driver.const_array(ints), *map(c, la), *map(c, lb), driver.flat_input(0), c(scan_left),
-              driver.flat_input(1), c(scan_right), driver.FLAT_OUTPUT, c(use_micro),
+              driver.flat_input(1), c(scan_right), driver.FLAT_OUTPUT, c(use_micro), bpk,
               *(driver.flat_extra(j) for j in range(len(epilogue.extra_types))),
               *map(driver.const_array, tables), c(nwork))
     return CompiledCall(kernel, params, guard, counts=bool(epilogue.checked) or scan_left or scan_right)

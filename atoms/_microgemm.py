@@ -112,31 +112,46 @@ def dot_tile(dt: str, pad: str) -> list[str]:
     return _own(_indent(L, pad))
 
 
-def bcast_pack(dt: str, pad: str) -> list[str]:
-    """Before the tiles: every right-operand batch ``q`` packed in panels of ``NR`` columns,
-    ``bp[q][j0 // NR][k, j - j0]`` (the last panel zero-padded), so that a block walks its
-    panel's ``k * NR`` elements in order: a row-major ``[K, N]`` copy would make every step
-    of K a jump of a whole row (4 KiB for the seed), which halved the FMA rate here."""
+def pack_source(dt: str) -> list[str]:
+    """The generated module's ``pack_right(bm, nb, k, n, sbb, ldb, tb)``: every right-operand
+    batch ``q`` packed in panels of ``NR`` columns, ``bp[q][j0 // NR][k, j - j0]`` (the last
+    panel zero-padded), so that a ``bcast`` block walks its panel's ``k * NR`` elements in
+    order: a row-major ``[K, N]`` copy would make every step of K a jump of a whole row
+    (4 KiB for the seed), which halved the FMA rate here. A module-level function, so that
+    a resident operand can be packed once, outside the kernel (``micro == 2``)."""
     nr = BCAST_NV * simd.lanes(dt)
-    L = ["nbb = nb if sbb != 0 else 1",
-         f"npad = (n + {nr - 1}) // {nr} * {nr}",
-         f"bp = np.zeros(nbb * k * npad if micro else 0, np.{dt})",
-         "if micro:",  # unsigned indices: the copies vectorise (2.5x faster than int64 ones here)
-         "    pld = np.uint64(ldb)",
-         "    for q in range(nbb):",
-         "        qb = np.uint64(q * sbb)",
-         f"        for j0 in range(0, n, {nr}):",
-         f"            pw = np.uint64(min(n, j0 + {nr}) - j0)",
-         "            pu = np.uint64(j0)",
-         "            pp = np.uint64(q * k * npad + j0 * k)",
-         "            if tb:",
-         "                for kk in range(np.uint64(k)):",
-         "                    for j in range(pw):",
-         f"                        bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk + (pu + j) * pld]",
-         "            else:",
-         "                for kk in range(np.uint64(k)):",
-         "                    for j in range(pw):",
-         f"                        bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk * pld + pu + j]"]
+    return ["@njit(cache=True, nogil=True, error_model='numpy')",
+            "def pack_right(bm, nb, k, n, sbb, ldb, tb):",
+            "    nbb = nb if sbb != 0 else 1",
+            f"    npad = (n + {nr - 1}) // {nr} * {nr}",
+            f"    bp = np.zeros(nbb * k * npad, np.{dt})",
+            "    pld = np.uint64(ldb)",  # unsigned indices: the copies vectorise (2.5x faster here)
+            "    for q in range(nbb):",
+            "        qb = np.uint64(q * sbb)",
+            f"        for j0 in range(0, n, {nr}):",
+            f"            pw = np.uint64(min(n, j0 + {nr}) - j0)",
+            "            pu = np.uint64(j0)",
+            "            pp = np.uint64(q * k * npad + j0 * k)",
+            "            if tb:",
+            "                for kk in range(np.uint64(k)):",
+            "                    for j in range(pw):",
+            f"                        bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk + (pu + j) * pld]",
+            "            else:",
+            "                for kk in range(np.uint64(k)):",
+            "                    for j in range(pw):",
+            f"                        bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk * pld + pu + j]",
+            "    return bp", "", ""]
+
+
+def bcast_pack(dt: str, pad: str) -> list[str]:
+    """Before the tiles: the packed right operand, ``bpk`` when the runner packed it already
+    (``micro == 2``: a resident operand, packed once), else packed here (``micro == 1``)."""
+    nr = BCAST_NV * simd.lanes(dt)
+    L = [f"npad = (n + {nr - 1}) // {nr} * {nr}",
+         "if micro == 1:",
+         "    bp = pack_right(bm, nb, k, n, sbb, ldb, tb)",
+         "else:",
+         "    bp = bpk"]
     return _own(_indent(L, pad))
 
 

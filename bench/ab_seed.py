@@ -15,7 +15,9 @@ it is; every other variant switches one mechanism back off:
 - ``kernel by kernel``: no compiled driver (``runtime.driver``): the plan's kernels launched
   one by one from Python;
 - ``bcast from 2048 rows``: ``h·Bᵀ`` by BLAS below 2048 rows (the micro-kernel's former
-  threshold, before its right operand was packed in panels by a vectorised copy).
+  threshold, before its right operand was packed in panels by a vectorised copy);
+- ``B packed per call``: the ``bcast`` micro-kernel packs its right operand (a resident bank)
+  on every call instead of once per loaded value.
 
     python bench/ab_seed.py 256 8192 32768
 """
@@ -78,6 +80,8 @@ def variants(inputs, banks):
              "4 tiles/thread": (built(inputs, banks, gemm, "TILES_PER_THREAD", 4), False),
              "BLAS tiles": (built(inputs, banks, micro, "choose_form", lambda *dims: None), False),
              "bcast from 2048 rows": (built(inputs, banks, micro, "BCAST_MIN_ROWS", 2048), False),
+             "B packed per call": (built(inputs, banks, gemm._ResidentPacks, "of",
+                                         staticmethod(lambda *args: None)), False),
              "banks per run": (built(inputs, banks, resident=False), False),
              "kernel by kernel": (by_kernel, False)}
     return {name: (exe, keep, run_banks) for name, ((exe, run_banks), keep) in table.items()}

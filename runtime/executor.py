@@ -206,11 +206,11 @@ class Executable:
                         upfront.append(entry)
                     else:
                         checks.append(entry)
-            launches.append(self._launch(group, tuple(checks), unclaimed))
+            launches.append(self._launch(group, tuple(checks), unclaimed, resident))
             unclaimed.difference_update(launches[-1].counts_nonfinite)
         return CompiledPlan(plan, types, launches, tuple(upfront), self.backend)
 
-    def _launch(self, group, checks, unclaimed: set[str]) -> _Launch:
+    def _launch(self, group, checks, unclaimed: set[str], resident: frozenset[str]) -> _Launch:
         backend = self.backend.name
         label = {"instructions": [n.instruction_id for n in group.nodes],
                  "atoms": [n.atom.ref for n in group.nodes], "backend": backend}
@@ -227,6 +227,9 @@ class Executable:
             else:
                 factory = anchor.atom.anchors.get(backend)
                 kind = "anchor"
+                fixed = tuple(k for k, slot in enumerate(inputs) if slot in resident)
+                if fixed:
+                    epilogue = attrs.evolve(epilogue, resident_anchor_inputs=fixed)
                 if backend in anchor.atom.anchor_counts_nonfinite:
                     checked = tuple(k for k, slot in enumerate(epilogue.extra_slots) if slot in unclaimed)
                     own = tuple(k for k, slot in enumerate(inputs) if slot in unclaimed)

@@ -32,6 +32,9 @@ class Epilogue:
     extra_types: tuple[TensorType, ...]
     checked: tuple[int, ...] = ()  # extras whose non-finite values the kernel must count
     checked_anchor_inputs: tuple[int, ...] = ()  # the anchor's operands it must count too
+    # the anchor's operands that are resident banks: runtime-owned values that never change
+    # while they live, which a kernel may transform once (e.g. pack) and reuse run after run
+    resident_anchor_inputs: tuple[int, ...] = ()
 
     @property
     def empty(self) -> bool:

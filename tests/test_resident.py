@@ -243,3 +243,49 @@ def test_float64_banks_and_a_python_number_bank_take_the_banks_dtype():
     assert resident.values["g"].dtype == np.float64  # no other float bank to agree with
     x64 = np.arange(3.0)
     np.testing.assert_array_equal(exe.run(inputs={"x": x64}, banks=resident)["%0"], 2 * x64)
+
+
+def _packs(exe):
+    """The resident-pack caches of the executable's contract kernels (atoms._gemm)."""
+    found = []
+    for compiled in exe._plans.values():
+        for launch in compiled.launches:
+            call = getattr(launch.run, "compiled", None)
+            for p in getattr(call, "params", ()):
+                if p.kind == "derived":
+                    found.append(p.value)
+    return found
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_resident_right_operand_is_packed_once_per_value_and_never_stale(dtype):
+    import gc
+    import json
+
+    program = json.loads(SEED.read_text())
+    for rec in program["bindings"] + program["slots"]:
+        rec["value_type"]["dtype"] = dtype
+    exe = runtime.compile(program, "cpu")
+    T = 96  # h·Bᵀ on the bcast micro-kernel, which packs its right operand
+    inputs, banks = random_values(program, {"B": 1, "S": T}, seed=1)
+    _, other = random_values(program, {"B": 1, "S": T}, seed=2)
+    per_run = exe.run(inputs=inputs, banks=banks)["%4"].copy()
+    first = exe.load_banks(banks)
+    got = exe.run(inputs=inputs, banks=first)["%4"].copy()
+    np.testing.assert_array_equal(got, per_run)  # the same packed values, the same sums
+    packs = _packs(exe)
+    assert len(packs) == 1 and len(packs[0]._packed) == 1
+    calls = []
+    pack = packs[0]._pack
+    packs[0]._pack = lambda value: calls.append(1) or pack(value)
+    for trace in (False, True, False):  # the driver and kernel by kernel both take it
+        np.testing.assert_array_equal(exe.run(inputs=inputs, banks=first, trace=trace)["%4"], per_run)
+    assert calls == []
+    second = exe.load_banks(other)  # same shapes, other values: packed anew, never the old pack
+    want = exe.run(inputs=inputs, banks=other)["%4"].copy()
+    np.testing.assert_array_equal(exe.run(inputs=inputs, banks=second)["%4"], want)
+    assert calls == [1] and len(packs[0]._packed) == 2
+    np.testing.assert_array_equal(exe.run(inputs=inputs, banks=first)["%4"], per_run)
+    del first
+    gc.collect()
+    assert len(packs[0]._packed) == 1  # the dead value's pack went with it
