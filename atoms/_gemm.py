@@ -235,7 +235,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
          *([micro.ops_import(dt)] if form else []),
          *([simd.scan_import(dt)] if scan_left or scan_right else []),
          "",
-         *(micro.pack_source(dt) if form == "bcast" else []),
+         *(micro.pack_source(dt, parallel) if form == "bcast" else []),
          f"@njit(cache=True, parallel={parallel}, nogil=True, error_model='numpy')",
          f"def kernel({params}):",
          f"    nb = ints[{_I_NB}]", f"    m = ints[{_I_M}]", f"    n = ints[{_I_N}]",
@@ -258,7 +258,6 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
           f"    for w in {'prange' if parallel else 'range'}(nwork):",
           *(["        nf = 0"] if counting else []),
           f"        scratch = np.empty(tm * n, np.{dt})",
-          *([micro.panel_line(dt, "        ")] if form == "bcast" else []),
           "        prm = np.empty(8, np.int32)",
           "        prm[0] = n", "        prm[2] = k", "        prm[3] = ldb",
           "        prm[4] = lda", "        prm[5] = n",
@@ -356,7 +355,7 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
     if scan_left:  # a scanned tile of the left operand must still be in cache when BLAS reads it
         tm = max(8, min(tm, SCAN_TILE_BYTES // max(1, k * item)))
     # (tiles of at most GEMV_ROWS rows always call gemv: no micro-kernel when all are)
-    form = micro.choose_form(nb, m, n, k) if m > GEMV_ROWS else None
+    form = micro.choose_form(nb, m, n, k, dt) if m > GEMV_ROWS else None
     tm = micro.whole_blocks(form, tm)
     ntiles = nb * -(-m // tm)
     parallel = nb * m * n * k >= PARALLEL_MIN_MACS and nb * -(-m // 8) > 1

@@ -5,17 +5,18 @@ OpenBLAS handles a thin operand poorly. Side by side on one core of the 2-core V
 ``[128, 1024] x [1024, 32]`` tile takes 134 us here against 144 us with BLAS, a 64-row
 ``[64, 32] x [32, 1024]`` call 92 us against 93 us (the packing of the right operand is most
 of the difference there), and the whole ``[8192, 32] x [32, 1024]`` product 8.4 ms against
-11.7 ms. Two forms, generated as
-source for the contract kernel (``atoms._gemm``), both computing one row tile into the hot
-``scratch`` the epilogue then reads:
+11.7 ms. Two forms, generated as source for the contract kernel (``atoms._gemm``), both
+computing one row tile into the hot ``scratch`` the epilogue then reads:
 
+- ``bcast``: ``MR x NR`` outer-product accumulators (6 rows x 2 vectors), the right operand
+  packed in ``NR``-column panels (each ``[K, NR]``, contiguous; once per call, or once per
+  value for a resident bank), the left operand's elements broadcast straight from its rows.
+  Near the FMA peak: ``h · Bᵀ``, and ``x · Aᵀ`` when the call has rows enough to pay for
+  packing ``A``;
 - ``dot`` (small N, long K): ``MR x NR`` dot products with vectors along K, for a left
-  operand with unit K stride and a right operand with unit K stride (``x · Aᵀ``);
-- ``bcast`` (short K, wide N): ``MR x NR`` outer-product accumulators, the right operand
-  packed once per call in ``NR``-column panels (each ``[K, NR]``, contiguous) and an
-  ``MR``-row panel of the left one per block (``h · Bᵀ``).
+  operand with unit K stride and a right operand with unit K stride: ``x · Aᵀ`` otherwise.
 
-Indices are int64 throughout; every vector access stays inside a row of K or N elements.
+Every vector access stays inside a row of K or N elements.
 """
 from __future__ import annotations
 
@@ -25,10 +26,16 @@ from runtime import simd
 
 # Where each form beats BLAS (measured on the seed's shapes; outside them BLAS is kept).
 DOT_MAX_N, DOT_MIN_K = 64, 256
-# bcast packs the right operand on one thread first (~14 us for 32 x 1024 here): the seed's
+# bcast packs the right operand on one thread first (~14-17 us for 32 x 1024 here): the seed's
 # h·Bᵀ with its epilogue, side by side on 2 threads, ties BLAS at 16-128 rows and beats it
 # from 192 (0.16 vs 0.18 ms at 256 rows)
 BCAST_MAX_K, BCAST_MIN_N, BCAST_MIN_ROWS = 64, 256, 32
+# x·Aᵀ on bcast instead of dot from this many rows (whole seed, side by side, python
+# bench/ab_seed.py): packing A (in parallel, ~10 us) then costs about what bcast saves, and
+# less and less beyond (512 rows: 0.79 vs 0.83 ms); with A resident, packed once, bcast is
+# faster still (0.75 ms). The choice depends on shapes only, so that resident banks and
+# banks passed per run give bitwise the same results.
+BCAST_WIDE_MIN_ROWS = 256
 DOT_MR, DOT_NR = 4, 2  # 8 accumulators + 2 + 1 registers of 16
 BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
 
@@ -38,17 +45,14 @@ def ops_import(dt: str) -> str:
     return simd.ops_import(dt)
 
 
-def choose_form(nb: int, m: int, n: int, k: int) -> str | None:
+def choose_form(nb: int, m: int, n: int, k: int, dt: str = "float32") -> str | None:
+    """The form for ``[nb, m, k] x [nb, k, n]`` in ``dt`` (None: BLAS)."""
     if n <= DOT_MAX_N and k >= DOT_MIN_K:
-        return "dot"
+        whole_panels = n % (BCAST_NV * simd.lanes(dt)) == 0
+        return "bcast" if whole_panels and nb * m >= BCAST_WIDE_MIN_ROWS else "dot"
     if k <= BCAST_MAX_K and n >= BCAST_MIN_N and nb * m >= BCAST_MIN_ROWS:
         return "bcast"
     return None
-
-
-def panel_line(dt: str, pad: str) -> str:
-    """Per worker, before its tiles: the ``bcast`` form's left-operand panel."""
-    return f"{pad}m_ap = np.empty({BCAST_MR} * k if micro else 0, np.{dt})"
 
 
 def rows_per_block(form: str) -> int:
@@ -67,7 +71,7 @@ def usable(form: str, ta: int, tb: int) -> bool:
     return form == "bcast" or (ta == 0 and tb == 1)
 
 
-_LOCALS = re.compile(r"\b(i|j|j0|j1|q|row|pq|pp|pw|pu|pld|npad|ab|bb|kv|kk|qb|qp|nbb|ap|bp|(?:s|c|a|b|pa|pb)\d+(?:_\d+)?|pb)\b")
+_LOCALS = re.compile(r"\b(i|j|j0|j1|q|row|pq|pp|pc|pw|pu|pld|npad|rs|ks|ab|bb|kv|kk|qb|qp|nbb|bp|(?:s|c|a|b|pa|pb)\d+(?:_\d+)?|pb)\b")
 
 
 def _indent(lines: list[str], pad: str) -> list[str]:
@@ -112,34 +116,41 @@ def dot_tile(dt: str, pad: str) -> list[str]:
     return _own(_indent(L, pad))
 
 
-def pack_source(dt: str) -> list[str]:
+def pack_source(dt: str, parallel: bool) -> list[str]:
     """The generated module's ``pack_right(bm, nb, k, n, sbb, ldb, tb)``: every right-operand
     batch ``q`` packed in panels of ``NR`` columns, ``bp[q][j0 // NR][k, j - j0]`` (the last
     panel zero-padded), so that a ``bcast`` block walks its panel's ``k * NR`` elements in
     order: a row-major ``[K, N]`` copy would make every step of K a jump of a whole row
-    (4 KiB for the seed), which halved the FMA rate here. A module-level function, so that
-    a resident operand can be packed once, outside the kernel (``micro == 2``)."""
+    (4 KiB for the seed), which halved the FMA rate here. Panels are packed in parallel (for
+    a parallel kernel); a module-level function, so that a resident operand can be packed
+    once, outside the kernel (``micro == 2``)."""
     nr = BCAST_NV * simd.lanes(dt)
-    return ["@njit(cache=True, nogil=True, error_model='numpy')",
+    return [f"@njit(cache=True, nogil=True, parallel={parallel}, error_model='numpy')",
             "def pack_right(bm, nb, k, n, sbb, ldb, tb):",
             "    nbb = nb if sbb != 0 else 1",
-            f"    npad = (n + {nr - 1}) // {nr} * {nr}",
-            f"    bp = np.zeros(nbb * k * npad, np.{dt})",
+            f"    npan = (n + {nr - 1}) // {nr}",
+            f"    bp = np.zeros(nbb * k * npan * {nr}, np.{dt})",
             "    pld = np.uint64(ldb)",  # unsigned indices: the copies vectorise (2.5x faster here)
-            "    for q in range(nbb):",
+            f"    for t in {'prange' if parallel else 'range'}(nbb * npan):",
+            "        pt = np.int64(t)",  # (prange may type it unsigned)
+            "        q = pt // npan",
+            f"        j0 = (pt - q * npan) * {nr}",
             "        qb = np.uint64(q * sbb)",
-            f"        for j0 in range(0, n, {nr}):",
-            f"            pw = np.uint64(min(n, j0 + {nr}) - j0)",
-            "            pu = np.uint64(j0)",
-            "            pp = np.uint64(q * k * npad + j0 * k)",
-            "            if tb:",
-            "                for kk in range(np.uint64(k)):",
-            "                    for j in range(pw):",
-            f"                        bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk + (pu + j) * pld]",
-            "            else:",
-            "                for kk in range(np.uint64(k)):",
-            "                    for j in range(pw):",
-            f"                        bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk * pld + pu + j]",
+            f"        pw = np.uint64(min(n, j0 + {nr}) - j0)",
+            "        pu = np.uint64(j0)",
+            f"        pp = np.uint64(q * k * npan * {nr} + j0 * k)",
+            "        if tb:",  # rows of B run along K: 16x16 blocks, each source row read in order
+            "            for kk0 in range(0, k, 16):",  # (16 rows at once, ldb apart, thrash L1's sets)
+            "                kw = np.uint64(min(k, kk0 + 16) - kk0)",
+            "                for j in range(pw):",
+            "                    src = qb + (pu + j) * pld + np.uint64(kk0)",
+            f"                    dst = pp + np.uint64(kk0 * {nr}) + j",
+            "                    for kk in range(kw):",
+            f"                        bp[dst + kk * np.uint64({nr})] = bm[src + kk]",
+            "        else:",
+            "            for kk in range(np.uint64(k)):",
+            "                for j in range(pw):",
+            f"                    bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk * pld + pu + j]",
             "    return bp", "", ""]
 
 
@@ -156,25 +167,24 @@ def bcast_pack(dt: str, pad: str) -> list[str]:
 
 
 def _bcast_rows(mr: int, lanes: int, dt: str) -> list[str]:
+    """``mr`` rows: every ``NR``-column block accumulates ``A[row, kk] * bp[kk, j:j + NR]``
+    over K, broadcasting A's elements straight from the operand (either layout: ``ks`` is
+    its K stride). Unsigned offsets keep Numba's negative-index wraparound out of the loop."""
     R, V = range(mr), range(BCAST_NV)
     nr = BCAST_NV * lanes
-    L = []
-    for r in R:  # the panel: ap[kk * mr + r] = A[i0 + i + r, kk], for either layout of A
-        L += [f"row = i0 + i + {r}",
-              "if ta:", "    for kk in range(k):", f"        ap[kk * {mr} + {r}] = am[ab + row + kk * lda]",
-              "else:", "    for kk in range(k):", f"        ap[kk * {mr} + {r}] = am[ab + row * lda + kk]"]
+    L = [f"pa{r} = np.uint64(ab + (i0 + i + {r}) * rs)" for r in R]
     L += ["j = 0", f"while j + {nr} <= n:"]
-    body = [f"c{r}_{v} = vzero()" for r in R for v in V] + ["pb = pq + j * k", "for kk in range(k):"]
+    body = [f"c{r}_{v} = vzero()" for r in R for v in V] + ["pb = pq + j * k", "for kk in range(np.uint64(k)):"]
     body += [f"    b{v} = vload(bp, pb + {v * lanes})" for v in V]
     for r in R:
-        body += [f"    a{r} = vbcast(ap[kk * {mr} + {r}])"] + [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
+        body += [f"    a{r} = vbcast(am[pa{r} + kk * ks])"] + [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
     body += [f"    pb += {nr}"]
     body += [f"vstore(scratch, (i + {r}) * n + j + {v * lanes}, c{r}_{v})" for r in R for v in V]
     L += _indent(body, "    ") + [f"    j += {nr}", "while j < n:"]
-    tail = []
+    tail = [f"pc = np.uint64(pq + (j - j % {nr}) * k + j % {nr})"]
     for r in R:
-        tail += [f"s{r} = np.{dt}(0)", "for kk in range(k):",
-                 f"    s{r} += ap[kk * {mr} + {r}] * bp[pq + (j - j % {nr}) * k + kk * {nr} + j % {nr}]",
+        tail += [f"s{r} = np.{dt}(0)", "for kk in range(np.uint64(k)):",
+                 f"    s{r} += am[pa{r} + kk * ks] * bp[pc + kk * np.uint64({nr})]",
                  f"scratch[(i + {r}) * n + j] = s{r}"]
     L += _indent(tail, "    ") + ["    j += 1"]
     return L
@@ -183,7 +193,8 @@ def _bcast_rows(mr: int, lanes: int, dt: str) -> list[str]:
 def bcast_tile(dt: str, pad: str) -> list[str]:
     """``scratch[i, j] = sum_k A[i0 + i, k] bp[k, j]`` for the tile's rows."""
     lanes = simd.lanes(dt)
-    L = ["ab = bi * sab", "pq = (bi if sbb != 0 else 0) * k * npad", "i = 0",
+    L = ["ab = bi * sab", "pq = (bi if sbb != 0 else 0) * k * npad",
+         "rs = 1 if ta else lda", "ks = np.uint64(lda if ta else 1)", "i = 0",
          f"while i + {BCAST_MR} <= rows:"] + _indent(_bcast_rows(BCAST_MR, lanes, dt), "    ") + [
         f"    i += {BCAST_MR}", "while i < rows:"] + _indent(_bcast_rows(1, lanes, dt), "    ") + ["    i += 1"]
     return _own(_indent(L, pad))

@@ -37,7 +37,7 @@ def raises(code, path, fn, *args, match=None, **kwargs):
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 def test_resident_banks_give_the_results_of_banks_passed_per_run(backend):
     exe = runtime.compile(SEED, backend)
-    for T in (1, 5, 8):
+    for T in (1, 5, 8, 300):  # (300: both products on micro-kernels that pack a bank)
         inputs, banks = seed_values(T=T, seed=T)
         want = np.array(exe.run(inputs=inputs, banks=banks)["%4"])
         resident = exe.load_banks(banks)

@@ -380,7 +380,10 @@ def test_cpu_micro_kernels_any_layout(layout, seed, form):
 def test_micro_forms_chosen_for_the_seed_shapes():
     from atoms import _microgemm as micro
 
-    assert micro.choose_form(1, 8192, 32, 1024) == "dot"  # x · Aᵀ
+    assert micro.choose_form(1, 128, 32, 1024) == "dot"  # x · Aᵀ: packing A costs more than it saves
+    assert micro.choose_form(1, 8192, 32, 1024) == "bcast"  # unless the rows are many
+    assert micro.choose_form(1, 8192, 24, 1024) == "dot"  # no whole panels of 16
+    assert micro.choose_form(1, 8192, 24, 1024, "float64") == "bcast"  # (of 8 in float64)
     assert micro.choose_form(1, 8192, 1024, 32) == "bcast"  # h · Bᵀ
     assert micro.choose_form(1, 256, 1024, 32) == "bcast"
     assert micro.choose_form(1, 16, 1024, 32) is None  # packing B would cost about what it saves
