@@ -254,3 +254,32 @@ def test_the_left_operand_scan_covers_every_tile(row):
     with pytest.raises(runtime.FormulaError) as err:
         exe.run(inputs={**inputs, "x": bad}, banks=banks)
     assert err.value.path == "$.inputs.x" and f"[0, {row}, 1023]" in err.value.message
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_left_value_is_found_where_it_meets_only_zero_weights(bad):
+    """x·Aᵀ on the micro-kernel with resident banks: a bad x[i, k] must show wherever it is,
+    even where every product it enters is with a zero weight."""
+    exe = runtime.compile(SEED, "cpu")
+    inputs, banks = seed_values(T=300)
+    banks = {**banks, "lora.A": banks["lora.A"].copy()}
+    banks["lora.A"][:, 17] = 0.0
+    resident = exe.load_banks(banks)
+    for _ in range(3):
+        exe.run(inputs=inputs, banks=resident)
+    for row, col in ((0, 17), (299, 17), (150, 3)):
+        x = inputs["x"].copy()
+        x[0, row, col] = bad
+        with pytest.raises(runtime.FormulaError) as err:
+            exe.run(inputs={**inputs, "x": x}, banks=resident)
+        assert err.value.path == "$.inputs.x" and f"[0, {row}, {col}]" in err.value.message
+
+
+def test_a_finite_overflow_in_the_outputs_is_no_error():
+    exe = runtime.compile(SEED, "cpu")
+    inputs, banks = seed_values(T=300)
+    x = inputs["x"].copy()
+    x[0, 5, :] = 3e38  # finite; its products with A overflow float32
+    for _ in range(3):
+        got = exe.run(inputs={**inputs, "x": x}, banks=banks)["%4"]
+    assert not np.isfinite(got[0, 5]).all() and np.isfinite(np.delete(got[0], 5, axis=0)).all()
