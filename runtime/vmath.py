@@ -34,24 +34,19 @@ VERSION = 2
 IMPORT = f"from runtime.vmath import vexp as _vexp  # vmath v{VERSION}"
 
 
-@intrinsic
-def _bits_as_float64(typingctx, bits):
-    """Reinterpret an int64 as the float64 with the same bits (vectorises, unlike a view)."""
-    sig = types.float64(types.int64)
+def _bits_as(float_type, int_type, llvm_type):
+    """An intrinsic reinterpreting an integer as the float with the same bits (vectorises,
+    unlike a view)."""
+    @intrinsic
+    def bits_as(typingctx, bits):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], llvm_type)
+        return float_type(int_type), codegen
+    return bits_as
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-    return sig, codegen
 
-
-@intrinsic
-def _bits_as_float32(typingctx, bits):
-    """Reinterpret an int32 as the float32 with the same bits."""
-    sig = types.float32(types.int32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-    return sig, codegen
+_bits_as_float64 = _bits_as(types.float64, types.int64, ir.DoubleType())
+_bits_as_float32 = _bits_as(types.float32, types.int32, ir.FloatType())
 
 
 def vexp(x):
