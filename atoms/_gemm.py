@@ -1,5 +1,5 @@
-"""GEMM machinery of the contract atom: axis lowering, and the generated CPU (BLAS tiles) and
-CUDA (shared-memory tiles) kernels with a fused elementwise epilogue.
+"""GEMM machinery of the contract atom: axis lowering, and the generated CPU kernel with a fused
+elementwise epilogue (the CUDA one is in ``atoms._gemm_cuda``).
 
 Any named-axis contraction is lowered to a batched GEMM ``[nb, m, k] x [nb, k, n]``: batch
 axes, left's kept axes (M), right's kept axes (N), reduced pairs (K). Operands are viewed,
@@ -7,15 +7,15 @@ not copied, whenever their strides give each batch a matrix with one unit stride
 and the epilogue operands are addressed through per-group offsets (affine strides, or tables
 when a group's axes are interleaved), so any output axis order is written in place.
 
-The CPU kernel calls BLAS inside ``prange`` on one row tile at a time; ``atoms._blas`` holds
-the BLAS plumbing and the guard that keeps OpenBLAS on the calling thread.
+The CPU kernel computes one row tile at a time inside ``prange``, on the register-blocked
+micro-kernels of ``atoms._microgemm`` for the skinny shapes they serve, else on BLAS
+(``atoms._blas`` holds the BLAS plumbing and the guard that keeps OpenBLAS on the calling
+thread); the epilogue then reads the tile while it is hot.
 """
 from __future__ import annotations
 
 import math
 import os
-import threading
-import weakref
 from collections.abc import Sequence
 
 import attrs
@@ -44,7 +44,6 @@ PARALLEL_MIN_MACS = int(os.environ.get("FORMULA_CONTRACT_PARALLEL_MIN", 1 << 21)
 TILES_PER_THREAD = 1
 SCAN_TILE_BYTES = 512 * 1024  # a left-operand tile scanned for finiteness: half of L2
 GEMV_ROWS = 4  # tiles of at most this many rows call gemv per row (no packing of B)
-CUDA_TILE = 16
 
 _NUMBA_FLOATS = {"float32": "float32", "float64": "float64"}
 
@@ -206,7 +205,7 @@ _I_ADDR = 5  # then (batch, M, N) strides of out, then of each extra
 # The kernel's leading parameters; then one flat array per epilogue operand, the offset
 # tables, and nwork. ``a``/``b``: each operand's memory as a flat array from its first element
 # (``_blas.flat_operand``), whose address BLAS takes. ``micro``: 0 BLAS tiles, 1 micro-kernel
-# tiles, 2 the same on ``bpk``, the right operand packed by the runner (see ``_ResidentPacks``).
+# tiles, 2 the same on ``bpk``, the right operand packed by the runner (see ``_microgemm.ResidentPacks``).
 KERNEL_HEAD = ["ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "scan_a", "b", "scan_b", "out", "micro", "bpk"]
 
 
@@ -387,7 +386,11 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
     # OpenBLAS threads a call above 4*65536 multiply-adds (interface/gemm.c): keep it on ours
     guard = single_threaded_blas() if (parallel or tm * n * k > 4 * 65536) else None
     left_view, right_view = batched_view(low.left_order, (nb, m, k)), batched_view(low.right_order, (nb, k, n))
-    packs = _ResidentPacks.of(module, form, epilogue, rt, low, dt)
+    packs = None
+    if form == "bcast" and 1 in epilogue.resident_anchor_inputs:  # resident: pack once per value
+        got = c_contiguous_layout(rt.shape, batched_view(low.right_order, (nb, k, n), copy=False), dt)
+        if got is not None and got[2]:
+            packs = micro.ResidentPacks(module.pack_right, nb, k, n, got[0])
     no_pack = np.empty(0, dt)
 
     def run(inputs: Sequence[np.ndarray], extras: Sequence[np.ndarray], out: np.ndarray):
@@ -420,48 +423,6 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
     return run
 
 
-class _ResidentPacks:
-    """The ``bcast`` micro-kernel's packed right operand, made once per resident bank value
-    (a runtime-owned array that never changes while it lives) instead of once per call:
-    ``packs(value)``. Entries go when their value does."""
-
-    def __init__(self, pack):
-        self._pack = pack
-        self._packed: dict[int, tuple[weakref.ref, np.ndarray]] = {}
-        self._lock = threading.Lock()
-
-    @classmethod
-    def of(cls, module, form, epilogue: Epilogue, right: TensorType, low: Lowering, dt: str):
-        """The packs of this kernel's right operand, or None unless it is resident and the
-        kernel packs it (``bcast``). Resident values are C-contiguous copies."""
-        if form != "bcast" or 1 not in epilogue.resident_anchor_inputs:
-            return None
-        nb, _, n, k = low.dims
-        got = c_contiguous_layout(right.shape, batched_view(low.right_order, (nb, k, n), copy=False), dt)
-        if got is None or not got[2]:
-            return None
-        tb, ldb, sbb = got[0]
-        return cls(lambda value: module.pack_right(value.reshape(-1), nb, k, n, sbb, ldb, tb))
-
-    def __call__(self, value: np.ndarray) -> np.ndarray:
-        key = id(value)
-        with self._lock:
-            entry = self._packed.get(key)
-        if entry is not None and entry[0]() is value:
-            return entry[1]
-        packed = self._pack(value)
-        ref = weakref.ref(value, lambda _, key=key: self._forget(key))
-        with self._lock:
-            self._packed[key] = (ref, packed)
-        return packed
-
-    def _forget(self, key: int) -> None:
-        with self._lock:
-            entry = self._packed.get(key)
-            if entry is not None and entry[0]() is None:
-                del self._packed[key]
-
-
 def _compiled_call(kernel, guard, form, types, orders, shapes, dt, epilogue, out_type, scan_left, scan_right,
                    ints, tables, nwork, packs, no_pack) -> CompiledCall | None:
     """``run``'s kernel arguments, as :mod:`runtime.driver` passes them, for C-contiguous operands:
@@ -489,102 +450,3 @@ def _compiled_call(kernel, guard, form, types, orders, shapes, dt, epilogue, out
               *(driver.flat_extra(j) for j in range(len(epilogue.extra_types))),
               *map(driver.const_array, tables), c(nwork))
     return CompiledCall(kernel, params, guard, counts=bool(epilogue.checked) or scan_left or scan_right)
-
-
-# --- CUDA: generated shared-memory tiled kernel ------------------------------------------
-
-def _cuda_source(label: str, dt: str, n_extra: int, epilogue: Epilogue) -> str:
-    """One thread per output element of a TILE x TILE block; K is walked in TILE steps through
-    shared memory. Every operand is flat and addressed through offset tables (one int64
-    device array ``tab``; ``p*`` are the start of each group's table in it)."""
-    T = CUDA_TILE
-    groups = ["a_b", "a_m", "a_k", "b_b", "b_k", "b_n", "o_b", "o_m", "o_n"]
-    groups += [f"x{j}_{g}" for j in range(n_extra) for g in "bmn"]
-    params = ["a", "b", "out"] + [f"x{j}" for j in range(n_extra)] + ["tab"] + \
-        [f"p{g}" for g in groups] + ["nb", "m", "n", "k"]
-    L = [f'"""Generated by atoms._gemm: contract cuda anchor {label}."""',
-         "import math", f"from numba import cuda, {dt}", "",
-         "@cuda.jit(cache=True)",
-         f"def kernel({', '.join(params)}):",
-         f"    sa = cuda.shared.array(({T}, {T}), {dt})",
-         f"    sb = cuda.shared.array(({T}, {T}), {dt})",
-         "    tx = cuda.threadIdx.x", "    ty = cuda.threadIdx.y",
-         f"    j = cuda.blockIdx.x * {T} + tx", f"    i = cuda.blockIdx.y * {T} + ty",
-         "    bi = cuda.blockIdx.z",
-         "    while bi < nb:",
-         f"        acc = {dt}(0)",
-         "        for k0 in range(0, k, %d):" % T,
-         "            kk = k0 + tx",
-         "            if i < m and kk < k:",
-         "                sa[ty, tx] = a[tab[pa_b + bi] + tab[pa_m + i] + tab[pa_k + kk]]",
-         "            else:",
-         f"                sa[ty, tx] = {dt}(0)",
-         "            kk = k0 + ty",
-         "            if j < n and kk < k:",
-         "                sb[ty, tx] = b[tab[pb_b + bi] + tab[pb_k + kk] + tab[pb_n + j]]",
-         "            else:",
-         f"                sb[ty, tx] = {dt}(0)",
-         "            cuda.syncthreads()",
-         f"            for q in range({T}):",
-         "                acc += sa[ty, q] * sb[q, tx]",
-         "            cuda.syncthreads()",
-         "        if i < m and j < n:"]
-    reads = [f"x{j}[tab[px{j}_b + bi] + tab[px{j}_m + i] + tab[px{j}_n + j]]" for j in range(n_extra)]
-    lines, result = epilogue.emit("acc", reads, indent="            ")
-    L += lines
-    L += [f"            out[tab[po_b + bi] + tab[po_m + i] + tab[po_n + j]] = {result}",
-          "        bi += cuda.gridDim.z"]
-    return "\n".join(L) + "\n"
-
-
-def _flat_device(x):
-    size = math.prod(x.shape)
-    return x.reshape((size,)) if x.shape != (size,) else x
-
-
-def cuda_anchor(node, epilogue: Epilogue, low: Lowering):
-    """``run(inputs, extras, out)`` on device arrays (C-contiguous operands; extras in keepdims
-    form of out's type, i.e. extent 1 on broadcast axes)."""
-    lt, rt = node.input_types
-    dt = numba_float(lt.dtype, node, "cuda")
-    out_type = node.output_type
-    for t in epilogue.extra_types:
-        if t.dtype not in ("float32", "float64", "int64", "boolean"):
-            raise FormulaError("backend_unavailable", node.path,
-                               f"contract epilogue has no cuda kernel for {t.dtype}; use backend='reference'")
-    nb, m, n, k = low.dims
-    parts: list[np.ndarray] = []
-    starts: list[int] = []
-
-    def add(axes, shape, groups):
-        strides = c_strides(shape)
-        for group in groups:
-            starts.append(sum(p.size for p in parts))
-            parts.append(group_offsets(axes, group, shape, strides))
-
-    add(lt.axes, lt.shape, (low.batch, low.m_axes, low.k_left))
-    add(rt.axes, rt.shape, (low.batch, low.k_right, low.n_axes))
-    add(out_type.axes, out_type.shape, (low.batch, low.m_axes, low.n_axes))
-    for t in epilogue.extra_types:
-        strides = keepdims_strides(t, out_type)
-        for group in (low.batch, low.m_axes, low.n_axes):
-            starts.append(sum(p.size for p in parts))
-            parts.append(group_offsets(out_type.axes, group, out_type.shape, strides))
-    table = np.concatenate(parts)
-    label = f"{epilogue.key} {dt} extras={epilogue.n_extra}"
-    configure_numba_cache()
-    kernel = load_generated(_cuda_source(label, dt, epilogue.n_extra, epilogue), "contract_cuda").kernel
-    from numba import cuda
-
-    state = {}
-    T = CUDA_TILE
-    grid = (-(-n // T), -(-m // T), min(nb, 65535))
-
-    def run(inputs, extras, out) -> None:
-        tab = state.get("tab")
-        if tab is None:  # one upload per compiled plan, on first use
-            tab = state["tab"] = cuda.to_device(table)
-        arrays = [_flat_device(inputs[0]), _flat_device(inputs[1]), _flat_device(out)]
-        arrays += [_flat_device(x) for x in extras]
-        kernel[grid, (T, T)](*arrays, tab, *starts, nb, m, n, k)
-    return run

@@ -21,6 +21,10 @@ Every vector access stays inside a row of K or N elements.
 from __future__ import annotations
 
 import re
+import threading
+import weakref
+
+import numpy as np
 
 from runtime import simd
 
@@ -198,3 +202,34 @@ def bcast_tile(dt: str, pad: str) -> list[str]:
          f"while i + {BCAST_MR} <= rows:"] + _indent(_bcast_rows(BCAST_MR, lanes, dt), "    ") + [
         f"    i += {BCAST_MR}", "while i < rows:"] + _indent(_bcast_rows(1, lanes, dt), "    ") + ["    i += 1"]
     return _own(_indent(L, pad))
+
+
+class ResidentPacks:
+    """The ``bcast`` form's packed right operand, made once per resident bank value (a
+    runtime-owned array that never changes while it lives) instead of once per call:
+    ``packs(value)``. Entries go when their value does. ``pack_right``: the generated
+    module's (:func:`pack_source`); ``layout``: the operand's (trans, ld, batch stride)."""
+
+    def __init__(self, pack_right, nb: int, k: int, n: int, layout: tuple[int, int, int]):
+        tb, ldb, sbb = layout
+        self._pack = lambda value: pack_right(value.reshape(-1), nb, k, n, sbb, ldb, tb)
+        self._packed: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, value: np.ndarray) -> np.ndarray:
+        key = id(value)
+        with self._lock:
+            entry = self._packed.get(key)
+        if entry is not None and entry[0]() is value:
+            return entry[1]
+        packed = self._pack(value)
+        ref = weakref.ref(value, lambda _, key=key: self._forget(key))
+        with self._lock:
+            self._packed[key] = (ref, packed)
+        return packed
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            entry = self._packed.get(key)
+            if entry is not None and entry[0]() is None:
+                del self._packed[key]

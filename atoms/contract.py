@@ -15,7 +15,7 @@ from runtime.atomspec import AtomSpec, InferContext, Node
 from runtime.fusion import EMPTY_EPILOGUE, Epilogue
 from runtime.types import TensorType, accumulation_dtype, numpy_dtype
 
-from . import _gemm
+from . import _gemm, _gemm_cuda
 from ._refs import refs_for
 
 
@@ -145,7 +145,7 @@ def cpu_anchor(node: Node, epilogue: Epilogue):
 
 
 def cuda_anchor(node: Node, epilogue: Epilogue):
-    return _gemm.cuda_anchor(node, epilogue, _lowering(node))
+    return _gemm_cuda.cuda_anchor(node, epilogue, _lowering(node))
 
 
 def _plain(anchor):

@@ -1,9 +1,8 @@
 """Scratch: does cython_blas sgemm inside prange pay, and how do OpenBLAS threads interact?"""
 import ctypes, os, sys, time
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, prange
 from numba.extending import get_cython_function_address
-import numba
 
 P = ctypes.c_void_p
 addr = get_cython_function_address("scipy.linalg.cython_blas", "sgemm")
