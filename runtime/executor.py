@@ -32,6 +32,7 @@ from .resolve import resolve_nodes
 from .types import FLOAT_DTYPES, TensorType, formula_dtype
 
 MAX_CACHED_PLANS = 16
+DRIVER_AFTER_RUNS = 2  # a plan's compiled driver is built on its second run
 
 
 class Result(Mapping):
@@ -92,13 +93,16 @@ class CompiledPlan:
             for slot, buf in plan.buffers.items() if buf.kind == "temporary")
         self._driver: Driver | None = None
         self._driver_built = backend.device_memory  # device plans launch kernel by kernel
+        self._runs = 0
 
     def driver(self) -> Driver | None:
-        """The plan's kernels as one compiled call (:mod:`runtime.driver`), built on first
-        use; None when one of them cannot be called from compiled code."""
+        """The plan's kernels as one compiled call (:mod:`runtime.driver`), or None when one
+        of them cannot be called from compiled code. Built when the plan runs a second time:
+        a plan run once (a one-off call, a test) is not worth the driver's compilation."""
         if not self._driver_built:
             with self._lock:
-                if not self._driver_built:
+                self._runs += 1
+                if not self._driver_built and self._runs >= DRIVER_AFTER_RUNS:
                     buffers = self.plan.buffers
                     self._driver = build_driver(
                         self.launches, frozenset(s for s, b in buffers.items() if b.kind in ("input", "bank")))
