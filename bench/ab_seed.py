@@ -17,7 +17,9 @@ it is; every other variant switches one mechanism back off:
 - ``bcast from 2048 rows``: ``h·Bᵀ`` by BLAS below 2048 rows (the micro-kernel's former
   threshold, before its right operand was packed in panels by a vectorised copy);
 - ``B packed per call``: the ``bcast`` micro-kernel packs its right operand (a resident bank)
-  on every call instead of once per loaded value.
+  on every call instead of once per loaded value;
+- ``x·Aᵀ on dot``: the ``x·Aᵀ`` product on the ``dot`` micro-kernel (dot products along K)
+  at every T, not on ``bcast`` from 256 rows.
 
     python bench/ab_seed.py 256 8192 32768
 """
@@ -80,8 +82,8 @@ def variants(inputs, banks):
              "4 tiles/thread": (built(inputs, banks, gemm, "TILES_PER_THREAD", 4), False),
              "BLAS tiles": (built(inputs, banks, micro, "choose_form", lambda *dims: None), False),
              "bcast from 2048 rows": (built(inputs, banks, micro, "BCAST_MIN_ROWS", 2048), False),
-             "B packed per call": (built(inputs, banks, gemm._ResidentPacks, "of",
-                                         staticmethod(lambda *args: None)), False),
+             "B packed per call": (built(inputs, banks, micro, "ResidentPacks", lambda *args: None), False),
+             "x·Aᵀ on dot": (built(inputs, banks, micro, "BCAST_WIDE_MIN_ROWS", 1 << 62), False),
              "banks per run": (built(inputs, banks, resident=False), False),
              "kernel by kernel": (by_kernel, False)}
     return {name: (exe, keep, run_banks) for name, ((exe, run_banks), keep) in table.items()}

@@ -146,3 +146,17 @@ def test_rounds_report_the_median_round_per_case():
     assert "**Rounds.** Every contender ran in 3 rounds" in text
     assert "| float32 T=256 | 3.00 | 6.00 | 2.00× |" in text
     assert run.parse_args(["--rounds", "3"]).rounds == 3
+
+
+def test_ab_seed_variants_build_and_compute_the_seed():
+    """Every side-by-side variant of bench/ab_seed.py builds (its patch names something that
+    exists) and still computes the seed; the switched-off mechanisms change speed only."""
+    from bench import ab_seed
+
+    inputs, banks = ab_seed.seed_values(300)
+    table = ab_seed.variants(inputs, banks)
+    assert {"baseline", "kernel by kernel", "BLAS tiles", "B packed per call", "x·Aᵀ on dot"} <= set(table)
+    want = table["baseline"][0].run(inputs=inputs, banks=table["baseline"][2])["%4"]
+    for name, (exe, _, run_banks) in table.items():
+        got = exe.run(inputs=inputs, banks=run_banks)["%4"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-6 * np.abs(want).max(), err_msg=name)
