@@ -1,18 +1,18 @@
 """Register-blocked GEMM tiles for the skinny products of low-rank (LoRA-style) programs.
 
 OpenBLAS handles a thin operand poorly. Side by side on one core of the 2-core VM
-(``NUMBA_NUM_THREADS=1 python bench/experiments/contract_microkernels.py``, 2026-12-04): a
-``[128, 1024] x [1024, 32]`` tile takes 134 us here against 144 us with BLAS, a 64-row
-``[64, 32] x [32, 1024]`` call 92 us against 93 us (the packing of the right operand is most
-of the difference there), and the whole ``[8192, 32] x [32, 1024]`` product 8.4 ms against
-11.7 ms. Two forms, generated as source for the contract kernel (``atoms._gemm``), both
-computing one row tile into the hot ``scratch`` the epilogue then reads:
+(``NUMBA_NUM_THREADS=1 python bench/experiments/contract_microkernels.py``, 2026-12-04; the
+FMA peak there is 91 GFLOP/s, ``bench/experiments/fma_peak.py``): a ``[128, 1024] x
+[1024, 32]`` tile, its right operand packed per call, takes 134 us against 150 us with BLAS,
+a 64-row ``[64, 32] x [32, 1024]`` call 94 us against 100 us, and the whole ``[8192, 32] x
+[32, 1024]`` product 9.1 ms against 12.7 ms. Two forms, generated as source for the contract
+kernel (``atoms._gemm``), both computing one row tile into the hot ``scratch`` the epilogue
+then reads:
 
 - ``bcast``: ``MR x NR`` outer-product accumulators (6 rows x 2 vectors), the right operand
   packed in ``NR``-column panels (each ``[K, NR]``, contiguous; once per call, or once per
   value for a resident bank), the left operand's elements broadcast straight from its rows.
-  Near the FMA peak: ``h · Bᵀ``, and ``x · Aᵀ`` when the call has rows enough to pay for
-  packing ``A``;
+  For ``h · Bᵀ``, and for ``x · Aᵀ`` when the call has rows enough to pay for packing ``A``;
 - ``dot`` (small N, long K): ``MR x NR`` dot products with vectors along K, for a left
   operand with unit K stride and a right operand with unit K stride: ``x · Aᵀ`` otherwise.
 
