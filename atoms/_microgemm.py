@@ -30,16 +30,14 @@ from runtime import simd
 
 # Where each form beats BLAS (measured on the seed's shapes; outside them BLAS is kept).
 DOT_MAX_N, DOT_MIN_K = 64, 256
-# bcast packs the right operand on one thread first (~14-17 us for 32 x 1024 here): the seed's
-# h·Bᵀ with its epilogue, side by side on 2 threads, ties BLAS at 16-128 rows and beats it
-# from 192 (0.16 vs 0.18 ms at 256 rows)
+# bcast packs its right operand before the tiles (in parallel) unless it is a resident bank,
+# packed once. The seed side by side (python bench/ab_seed.py): h·Bᵀ by
+# BLAS below 2048 rows took 1.16x the time at T=256 (variant "bcast from 2048 rows"), and
+# x·Aᵀ on dot 1.08x / 1.05x / 1.07x at T=256 / 8192 / 32768 (variant "x·Aᵀ on dot"). Below
+# 256 rows packing A on every call costs about what bcast saves over dot. The choice depends
+# on shapes only, so that resident banks and banks passed per run give bitwise the same results.
 BCAST_MAX_K, BCAST_MIN_N, BCAST_MIN_ROWS = 64, 256, 32
-# x·Aᵀ on bcast instead of dot from this many rows (whole seed, side by side, python
-# bench/ab_seed.py): packing A (in parallel, ~10 us) then costs about what bcast saves, and
-# less and less beyond (512 rows: 0.79 vs 0.83 ms); with A resident, packed once, bcast is
-# faster still (0.75 ms). The choice depends on shapes only, so that resident banks and
-# banks passed per run give bitwise the same results.
-BCAST_WIDE_MIN_ROWS = 256
+BCAST_WIDE_MIN_ROWS = 256  # x·Aᵀ-like shapes (the dot region) on bcast from this many rows
 DOT_MR, DOT_NR = 4, 2  # 8 accumulators + 2 + 1 registers of 16
 BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
 
@@ -75,7 +73,7 @@ def usable(form: str, ta: int, tb: int) -> bool:
     return form == "bcast" or (ta == 0 and tb == 1)
 
 
-_LOCALS = re.compile(r"\b(i|j|j0|j1|q|row|pq|pp|pc|pw|pu|pld|npad|rs|ks|ab|bb|kv|kk|qb|qp|nbb|bp|(?:s|c|a|b|pa|pb)\d+(?:_\d+)?|pb)\b")
+_LOCALS = re.compile(r"\b(i|j|pq|pc|npad|rs|ks|ab|bb|kv|kk|bp|(?:s|c|a|b|pa|pb)\d+(?:_\d+)?|pb)\b")
 
 
 def _indent(lines: list[str], pad: str) -> list[str]:
@@ -125,7 +123,7 @@ def pack_source(dt: str, parallel: bool) -> list[str]:
     batch ``q`` packed in panels of ``NR`` columns, ``bp[q][j0 // NR][k, j - j0]`` (the last
     panel zero-padded), so that a ``bcast`` block walks its panel's ``k * NR`` elements in
     order: a row-major ``[K, N]`` copy would make every step of K a jump of a whole row
-    (4 KiB for the seed), which halved the FMA rate here. Panels are packed in parallel (for
+    (4 KiB for the seed), which starved the FMAs. Panels are packed in parallel (for
     a parallel kernel); a module-level function, so that a resident operand can be packed
     once, outside the kernel (``micro == 2``)."""
     nr = BCAST_NV * simd.lanes(dt)
@@ -134,7 +132,7 @@ def pack_source(dt: str, parallel: bool) -> list[str]:
             "    nbb = nb if sbb != 0 else 1",
             f"    npan = (n + {nr - 1}) // {nr}",
             f"    bp = np.zeros(nbb * k * npan * {nr}, np.{dt})",
-            "    pld = np.uint64(ldb)",  # unsigned indices: the copies vectorise (2.5x faster here)
+            "    pld = np.uint64(ldb)",  # unsigned indices: the copies vectorise
             f"    for t in {'prange' if parallel else 'range'}(nbb * npan):",
             "        pt = np.int64(t)",  # (prange may type it unsigned)
             "        q = pt // npan",

@@ -8,8 +8,9 @@ its bits), so LLVM vectorises the loops that call it (≈4× faster silu on AVX-
 
 It is typed by its argument: a float32 argument takes a float32 evaluation (Cody-Waite
 reduction, degree-7 polynomial, ``int32`` exponent bits), which fills 8-lane AVX2 registers
-where the float64 one fills 4 and needs a float→int64 conversion that AVX2 lacks: silu over
-float32 about 4× faster on this project's AVX2 machines. Anything else evaluates in float64.
+where the float64 one fills 4 and needs a float→int64 conversion that AVX2 lacks (the
+``scalar-map-silu`` atom benchmark is at NumPy's speed with it). Anything else evaluates in
+float64.
 
 Accuracy: within ~2 ulp of libm over the argument's normal range (float64: within ~1 ulp);
 NaN and ±inf as ``math.exp``; results below the smallest normal number (2⁻¹⁰²², or 2⁻¹²⁶ for
