@@ -172,6 +172,16 @@ def numba_float(dtype: str, node, backend: str) -> str:
                            f"contract has no {backend} kernel for {dtype}; use backend='reference'") from None
 
 
+def anchor_dtype(node, epilogue: Epilogue, backend: str) -> str:
+    """The numba float type of an anchor's operands, once its epilogue operands are known to
+    be of dtypes the generated kernels handle (``backend_unavailable`` otherwise)."""
+    for t in epilogue.extra_types:
+        if t.dtype not in ("float32", "float64", "int64", "boolean"):
+            raise FormulaError("backend_unavailable", node.path,
+                               f"contract epilogue has no {backend} kernel for {t.dtype}; use backend='reference'")
+    return numba_float(node.input_types[0].dtype, node, backend)
+
+
 def index_code(prefix: str, kind: str, var: str) -> str:
     """Source for one group's offset contribution of index ``var``."""
     if kind == "zero":
@@ -338,12 +348,8 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
     tile inside the kernel, just before BLAS reads the tile; the right one (typically a small
     bank) once, flat, before the tiles. An operand with no flat view is scanned here."""
     lt, rt = node.input_types
-    dt = numba_float(lt.dtype, node, "cpu")
+    dt = anchor_dtype(node, epilogue, "cpu")
     out_type = node.output_type
-    for t in epilogue.extra_types:
-        if t.dtype not in ("float32", "float64", "int64", "boolean"):
-            raise FormulaError("backend_unavailable", node.path,
-                               f"contract epilogue has no cpu kernel for {t.dtype}; use backend='reference'")
     nb, m, n, k = low.dims
     out_shape = out_type.shape
     out_addr = addressing(out_type.axes, out_shape, c_strides(out_shape), low)

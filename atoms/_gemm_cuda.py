@@ -7,10 +7,9 @@ import math
 import numpy as np
 
 from runtime.codegen import configure_numba_cache, load_generated
-from runtime.errors import FormulaError
 from runtime.fusion import Epilogue
 
-from ._gemm import Lowering, group_offsets, keepdims_strides, c_strides, numba_float
+from ._gemm import Lowering, anchor_dtype, c_strides, group_offsets, keepdims_strides
 
 CUDA_TILE = 16
 
@@ -68,12 +67,8 @@ def cuda_anchor(node, epilogue: Epilogue, low: Lowering):
     """``run(inputs, extras, out)`` on device arrays (C-contiguous operands; extras in keepdims
     form of out's type, i.e. extent 1 on broadcast axes)."""
     lt, rt = node.input_types
-    dt = numba_float(lt.dtype, node, "cuda")
+    dt = anchor_dtype(node, epilogue, "cuda")
     out_type = node.output_type
-    for t in epilogue.extra_types:
-        if t.dtype not in ("float32", "float64", "int64", "boolean"):
-            raise FormulaError("backend_unavailable", node.path,
-                               f"contract epilogue has no cuda kernel for {t.dtype}; use backend='reference'")
     nb, m, n, k = low.dims
     parts: list[np.ndarray] = []
     starts: list[int] = []
