@@ -16,6 +16,7 @@ compile a new specialisation of the kernel for), so it reuses the kernels' compi
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -73,26 +74,13 @@ class CompiledCall:
     counts: bool = False
 
 
-class _Guards:
-    """Several guards entered as one, in order."""
-
-    def __init__(self, guards: Sequence[Any]):
-        self._guards = tuple(guards)
-
-    def __enter__(self):
-        for entered, guard in enumerate(self._guards):
-            try:
-                guard.__enter__()
-            except BaseException:
-                for g in reversed(self._guards[:entered]):
-                    g.__exit__(None, None, None)
-                raise
-        return self
-
-    def __exit__(self, *exc):
-        for guard in reversed(self._guards):
-            guard.__exit__(*exc)
-        return False
+@contextlib.contextmanager
+def _all_of(guards: Sequence[Any]):
+    """Several guards entered as one, in order (left in reverse, also when one fails)."""
+    with contextlib.ExitStack() as stack:
+        for guard in guards:
+            stack.enter_context(guard)
+        yield
 
 
 @attrs.frozen(eq=False)
@@ -107,7 +95,7 @@ class Driver:
     bindings: tuple[str, ...]
     constants: tuple[Any, ...]
     derived: tuple[tuple[str, Callable[[Any], Any]], ...] = ()  # (slot, derive): last arguments
-    guard: Any = None
+    guards: tuple[Any, ...] = ()  # context managers every call runs inside
 
     def takes(self, values: Mapping[str, Any]) -> bool:
         """Whether these values have the layout the driver was built for."""
@@ -121,9 +109,9 @@ class Driver:
         args = [values[slot] for slot in self.slots]
         args += self.constants
         args += [derive(values[slot]) for slot, derive in self.derived]
-        if self.guard is None:
+        if not self.guards:
             return self.call(*args)
-        with self.guard:
+        with self.guards[0] if len(self.guards) == 1 else _all_of(self.guards):
             return self.call(*args)
 
 
@@ -182,6 +170,5 @@ def build_driver(launches: Sequence[Any], bindings: frozenset[str]) -> Driver | 
     configure_numba_cache()
     call = load_generated(source, "driver").driver
     guards = tuple(dict.fromkeys(c.guard for c in calls if c.guard is not None))
-    guard = None if not guards else guards[0] if len(guards) == 1 else _Guards(guards)
     return Driver(call, tuple(order), tuple(s for s in order if s in bindings),
-                  (np.array(ints, np.int64), *arrays), tuple(derived), guard)
+                  (np.array(ints, np.int64), *arrays), tuple(derived), guards)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import runtime
-from runtime.driver import _Guards
+from runtime.driver import _all_of
 from runtime.testing import ProgramBuilder, random_values
 
 SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
@@ -114,11 +114,11 @@ def test_guards_are_entered_in_order_and_left_in_reverse():
         def __exit__(self, *exc):
             log.append(f"-{self.name}")
 
-    with _Guards([Guard("a"), Guard("b")]):
+    with _all_of([Guard("a"), Guard("b")]):
         log.append("body")
     assert log == ["+a", "+b", "body", "-b", "-a"]
     log.clear()
     with pytest.raises(RuntimeError):
-        with _Guards([Guard("a"), Guard("b", fail=True)]):
+        with _all_of([Guard("a"), Guard("b", fail=True)]):
             log.append("body")
     assert log == ["+a", "-a"]
