@@ -44,6 +44,10 @@ PARALLEL_MIN_MACS = int(os.environ.get("FORMULA_CONTRACT_PARALLEL_MIN", 1 << 21)
 TILES_PER_THREAD = 1
 SCAN_TILE_BYTES = 512 * 1024  # a left-operand tile scanned for finiteness: half of L2
 GEMV_ROWS = 4  # tiles of at most this many rows call gemv per row (no packing of B)
+# Equal shares: T=256 has 256 rows, and tiles of whole 6-row blocks gave one thread 132 rows
+# (22 blocks) and the other 124 (20 blocks, then 4 rows).
+BALANCED_TILES = True
+CHECK_LEFT_THROUGH_SUMS = True  # see _scan_after (False: every scanned left tile before it is read)
 
 _NUMBA_FLOATS = {"float32": "float32", "float64": "float64"}
 
@@ -283,9 +287,10 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
           "            i0 = (t - bi * ntm) * tm",
           "            rows = min(tm, m - i0)",
           "            prm[1] = rows"]
-    if scan_left:
-        L += ["            if scan_a:",
-              "                q0 = (bi * m + i0) * k",
+    if scan_left:  # before the tile, or after it: see _scan_after
+        L += ["            q0 = (bi * m + i0) * k",
+              f"            after = scan_a and {'micro != 0' if form and CHECK_LEFT_THROUGH_SUMS else 'False'} and rows > {GEMV_ROWS} and 0 < n < k",
+              "            if scan_a and not after:",
               "                nf += _nonfinite(a, q0, q0 + rows * k)"]
     L += ["            arow = i0 if ta else i0 * lda",
               "            if rows <= %d:" % GEMV_ROWS,  # gemm would pack all of B for a few rows
@@ -300,6 +305,8 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
               f"                {blas}(pch, pch + 1, pprm, pprm + 4, pprm + 8, psc,",
               f"                       pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item}, pprm + 16,",
               f"                       psc + {item}, pscr, pprm + 20)"]
+    if scan_left:
+        L += _scan_after()
     L.append("            ob = " + index_code("ob", addrs[0].kinds[0], "bi"))
     for j, ad in enumerate(extra_addr):
         L.append(f"            x{j}b = " + index_code(f"x{j}b", ad.kinds[0], "bi"))
@@ -311,16 +318,30 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
         L.append(f"                x{j}r = np.uint64(x{j}b + " + index_code(f"x{j}m", ad.kinds[1], "ii") + ")")
     # unsigned column index (and offsets): lets LLVM vectorise the epilogue's row loop
     L += ["                orow = np.uint64(orow)", "                srow = np.uint64(srow)",
+          *(["                bad = False"] if counting else []),
           "                for j in range(np.uint64(n)):"]
     reads = [f"x{j}[x{j}r + {uindex_code(f'x{j}n', ad.kinds[2], 'j')}]" for j, ad in enumerate(extra_addr)]
     L.append("                    acc = scratch[srow + j]")
     lines, result = epilogue.emit("acc", reads, indent="                    ",
-                                  nonfinite="nf" if counting else None)
+                                  nonfinite="bad" if counting else None)
     L += vmath.cpu_code(lines)
     L.append(f"                    out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}] = {result}")
+    if counting:  # (a row's flag, then counted: an int64 count per element halves the vectors)
+        L.append("                nf += bad")
     if counting:
         L += ["        counts[w] = nf", "    return counts.sum() + nfb"]
     return "\n".join(L) + "\n"
+
+
+def _scan_after() -> list[str]:
+    """A micro-kernel tile's left rows are checked through its result, when that is the
+    smaller (``n < k``): every left element is a factor of one term of each of its row's
+    ``n`` sums, and a NaN or ±inf term makes the sum NaN or ±inf whatever the other terms
+    (the tiles add every term: no zero is skipped, unlike some BLAS), so a row whose sums are
+    all finite read only finite values. A non-finite sum (or an overflow) has the rows
+    scanned exactly. Saves the scan's separate pass over the left tile (the seed's ``x``)."""
+    return ["            if after and _nonfinite(scratch, 0, rows * n):",
+            "                nf += _nonfinite(a, q0, q0 + rows * k)"]
 
 
 def keepdims_flattener(t: TensorType, out_type: TensorType):
@@ -343,8 +364,8 @@ def keepdims_flattener(t: TensorType, out_type: TensorType):
 
 def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
     """``run(inputs, extras, out)``: BLAS row tiles in prange, epilogue applied per hot tile.
-    Returns the number of non-finite values among the epilogue's ``checked`` extras and the
-    ``checked_anchor_inputs`` (None when there are none): the left operand is scanned tile by
+    Returns a count that is nonzero when a non-finite value was read among the epilogue's
+    ``checked`` extras and the ``checked_anchor_inputs`` (None when there are none): the left operand is scanned tile by
     tile inside the kernel, just before BLAS reads the tile; the right one (typically a small
     bank) once, flat, before the tiles. An operand with no flat view is scanned here."""
     lt, rt = node.input_types
@@ -373,6 +394,9 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
             tm = micro.whole_blocks(form, max(8, -(-m // max(1, want // nb))))
             ntiles = nb * -(-m // tm)
         nwork = min(threads, ntiles)
+        if nb == 1 and BALANCED_TILES:  # every worker the same number of tiles, of equal rows
+            tm = micro.balanced_rows(form, m, -(-ntiles // nwork) * nwork)
+            ntiles = -(-m // tm)
     else:
         nwork = 1
     ints = np.zeros(_I_ADDR + 3 * (1 + len(extra_addr)), np.int64)

@@ -68,6 +68,14 @@ def whole_blocks(form: str | None, rows: int) -> int:
     return -(-rows // block) * block
 
 
+def balanced_rows(form: str | None, rows: int, tiles: int) -> int:
+    """Rows per tile for ``rows`` in ``tiles`` tiles of equal size, rounded up to an even
+    count for a micro-kernel: its remainder blocks of 4 rows run at the full rate, those of 2
+    at half of it and a lone row at a quarter."""
+    tm = -(-rows // max(1, tiles))
+    return tm + tm % 2 if form else tm
+
+
 def usable(form: str, ta: int, tb: int) -> bool:
     """Whether ``form`` can read operands of these BLAS layouts (``bcast`` packs both)."""
     return form == "bcast" or (ta == 0 and tb == 1)
@@ -100,6 +108,19 @@ def _dot_block(mr: int, nr: int, lanes: int) -> list[str]:
     return L
 
 
+def _row_blocks(mr: int, rows_of) -> list[str]:
+    """The tile's rows in blocks of ``mr`` (``rows_of(r)``: the lines for ``r`` rows from
+    ``i``), then the remainder in halving blocks (``mr`` 6: 4, 2, 1): a lone row has too few
+    accumulators to hide the FMA latency, so a remainder of 4 rows run one by one took about
+    as long as 11 full rows."""
+    L = [f"while i + {mr} <= rows:"] + _indent(rows_of(mr), "    ") + [f"    i += {mr}"]
+    r = 1 << (mr - 1).bit_length() - 1 if mr > 1 else 0
+    while r >= 1:
+        L += [f"if i + {r} <= rows:"] + _indent(rows_of(r), "    ") + [f"    i += {r}"]
+        r //= 2
+    return L
+
+
 def _rows(mr: int, block, nr: int) -> list[str]:
     """Columns of ``mr`` rows: ``nr`` at a time, then one at a time."""
     return (["j = 0", f"while j + {nr} <= n:"] + _indent(block(mr, nr), "    ") + [f"    j += {nr}",
@@ -112,9 +133,8 @@ def dot_tile(dt: str, pad: str) -> list[str]:
 
     def block(mr, nr):
         return _dot_block(mr, nr, lanes)
-    L = ["ab = bi * sab + i0 * lda", "bb = bi * sbb", f"kv = k - k % {lanes}", "i = 0",
-         f"while i + {DOT_MR} <= rows:"] + _indent(_rows(DOT_MR, block, DOT_NR), "    ") + [
-        f"    i += {DOT_MR}", "while i < rows:"] + _indent(_rows(1, block, DOT_NR), "    ") + ["    i += 1"]
+    L = ["ab = bi * sab + i0 * lda", "bb = bi * sbb", f"kv = k - k % {lanes}", "i = 0"]
+    L += _row_blocks(DOT_MR, lambda mr: _rows(mr, block, DOT_NR))
     return _own(_indent(L, pad))
 
 
@@ -196,9 +216,8 @@ def bcast_tile(dt: str, pad: str) -> list[str]:
     """``scratch[i, j] = sum_k A[i0 + i, k] bp[k, j]`` for the tile's rows."""
     lanes = simd.lanes(dt)
     L = ["ab = bi * sab", "pq = (bi if sbb != 0 else 0) * k * npad",
-         "rs = 1 if ta else lda", "ks = np.uint64(lda if ta else 1)", "i = 0",
-         f"while i + {BCAST_MR} <= rows:"] + _indent(_bcast_rows(BCAST_MR, lanes, dt), "    ") + [
-        f"    i += {BCAST_MR}", "while i < rows:"] + _indent(_bcast_rows(1, lanes, dt), "    ") + ["    i += 1"]
+         "rs = 1 if ta else lda", "ks = np.uint64(lda if ta else 1)", "i = 0"]
+    L += _row_blocks(BCAST_MR, lambda mr: _bcast_rows(mr, lanes, dt))
     return _own(_indent(L, pad))
 
 

@@ -48,11 +48,12 @@ class Epilogue:
              nonfinite: str | None = None) -> tuple[list[str], str]:
         """Lines computing the chain from ``value`` (None for a chain with no anchor) and the
         element expressions ``extras``; returns the lines and the name of the result. With
-        ``nonfinite`` (an integer variable of the kernel), the lines also add to it the
-        number of NaN/±inf among the ``checked`` extras' elements (branch-free: vectorises)."""
+        ``nonfinite`` (a boolean variable of the kernel), the lines also set it when one of the
+        ``checked`` extras' elements is NaN or ±inf: branch-free, and a boolean OR vectorises
+        at the full vector width, where an int64 count would halve it."""
         lines = [f"{indent}_e{k} = {src}" for k, src in enumerate(extras)]
         if nonfinite is not None:
-            lines += [f"{indent}{nonfinite} += (_e{k} - _e{k}) != 0" for k in self.checked]
+            lines += [f"{indent}{nonfinite} |= (_e{k} - _e{k}) != 0" for k in self.checked]
         current = value
         for s, step in enumerate(self.steps):
             args = [current if src == CHAIN else f"_e{src}" for src in step.sources]

@@ -243,10 +243,13 @@ def test_finiteness_of_an_epilogue_operand_is_checked_by_the_kernel_that_reads_i
                                rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("row", [0, 127, 128, 299])
-def test_the_left_operand_scan_covers_every_tile(row):
+@pytest.mark.parametrize("tokens, row", [(300, 0), (300, 127), (300, 128), (300, 299), (263, 259), (263, 262)])
+def test_the_left_operand_scan_covers_every_tile(tokens, row):
+    """x·Aᵀ checks x's rows through their sums (``_gemm._scan_after``), tile by tile: a bad
+    value in any tile, and in the remainder rows of a tile (263: 131 rows, 21 blocks of 6
+    and then 4 and 1), is found and named."""
     exe = runtime.compile(SEED, "cpu")
-    inputs, banks = seed_values(T=300)  # 128-row tiles (512 KiB of x each): three of them
+    inputs, banks = seed_values(T=tokens)  # 132-row tiles (about 512 KiB of x each)
     for _ in range(3):
         exe.run(inputs=inputs, banks=banks)
     bad = inputs["x"].copy()

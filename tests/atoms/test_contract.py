@@ -340,8 +340,12 @@ def force_form(monkeypatch, form):
     return seen
 
 
-MICRO_CASES = [  # rows and columns with block remainders, K below, at and above a vector
+MICRO_CASES = [  # rows and columns with block remainders (rows: every halving block), K
+    # below, at and above a vector
     ("dot", [("k", "k")], "ij", T("ik", (37, 300)), T("jk", (19, 300))),
+    ("dot", [("k", "k")], "ij", T("ik", (7, 40)), T("jk", (3, 40))),
+    ("bcast", [("k", "k")], "ij", T("ik", (9, 20)), T("jk", (33, 20))),
+    ("bcast", [("k", "k")], "ij", T("ik", (14, 7)), T("jk", (16, 7))),
     ("dot", [("k", "k")], "bij", T("bik", (2, 9, 13)), T("jk", (5, 13))),
     ("dot", [("k", "k")], "bji", T("bik", (2, 6, 8)), T("bjk", (2, 3, 8))),
     ("bcast", [("k", "k")], "ij", T("ik", (37, 24)), T("jk", (40, 24))),
