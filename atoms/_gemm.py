@@ -415,6 +415,8 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
     scan_right = 1 in epilogue.checked_anchor_inputs
     # OpenBLAS threads a call above 4*65536 multiply-adds (interface/gemm.c): keep it on ours
     guard = single_threaded_blas() if (parallel or tm * n * k > 4 * 65536) else None
+    # a micro-kernel call makes no BLAS call at all when no tile is a gemv one: then no guard
+    micro_guard = guard if min(tm, m - (-(-m // tm) - 1) * tm) <= GEMV_ROWS else None
     left_view, right_view = batched_view(low.left_order, (nb, m, k)), batched_view(low.right_order, (nb, k, n))
     packs = None
     if form == "bcast" and 1 in epilogue.resident_anchor_inputs:  # resident: pack once per value
@@ -440,20 +442,21 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
             use_micro, bpk = 2, packs(inputs[1])
         args = (ints, ta, lda, sab, tb, ldb, sbb, a, int(scan_left and a_c), b, int(scan_right and b_whole),
                 out.reshape(-1), use_micro, bpk, *xs, *tables, nwork)
-        if guard is None:  # (micro-kernel runs still call gemv for tiles of a few rows)
+        call_guard = micro_guard if use_micro else guard
+        if call_guard is None:
             got = kernel(*args)
         else:
-            with guard:
+            with call_guard:
                 got = kernel(*args)
         return None if got is None and not other else (got or 0) + other
 
-    run.compiled = _compiled_call(kernel, guard, form, (lt, rt), (low.left_order, low.right_order),
+    run.compiled = _compiled_call(kernel, guard, micro_guard, form, (lt, rt), (low.left_order, low.right_order),
                                   ((nb, m, k), (nb, k, n)), dt, epilogue, out_type, scan_left, scan_right,
                                   ints, tables, nwork, packs, no_pack)
     return run
 
 
-def _compiled_call(kernel, guard, form, types, orders, shapes, dt, epilogue, out_type, scan_left, scan_right,
+def _compiled_call(kernel, guard, micro_guard, form, types, orders, shapes, dt, epilogue, out_type, scan_left, scan_right,
                    ints, tables, nwork, packs, no_pack) -> CompiledCall | None:
     """``run``'s kernel arguments, as :mod:`runtime.driver` passes them, for C-contiguous operands:
     None when such an operand would still be copied or scanned in Python (see ``run``)."""
@@ -479,4 +482,4 @@ def _compiled_call(kernel, guard, form, types, orders, shapes, dt, epilogue, out
               driver.flat_input(1), c(scan_right), driver.FLAT_OUTPUT, c(use_micro), bpk,
               *(driver.flat_extra(j) for j in range(len(epilogue.extra_types))),
               *map(driver.const_array, tables), c(nwork))
-    return CompiledCall(kernel, params, guard, counts=bool(epilogue.checked) or scan_left or scan_right)
+    return CompiledCall(kernel, params, micro_guard if use_micro else guard, counts=bool(epilogue.checked) or scan_left or scan_right)

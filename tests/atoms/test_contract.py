@@ -251,17 +251,36 @@ def test_cpu_seed_group_parallel_path_and_blas_threads_restored():
 
     def scipy_threads():
         return [p["num_threads"] for p in threadpool_info() if "scipy.libs" in p["filepath"]]
-    before = scipy_threads()
     node = bind([("D", "D")], "BSR", T(("B", "S", "D"), (2, 256, 64)), T("RD", (96, 64)))
     assert 2 * 256 * 96 * 64 >= _gemm.PARALLEL_MIN_MACS
     silu = Epilogue((EpilogueStep(node, ScalarOp("({0} / (1.0 + math.exp(-{0})))"), (CHAIN,)),), (), ())
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((2, 256, 64)).astype(np.float32), rng.standard_normal((96, 64)).astype(np.float32)
     got = np.empty((2, 256, 96), np.float32)
-    CONTRACT.anchors["cpu"](node, silu)([x, w], [], got)
+    run = CONTRACT.anchors["cpu"](node, silu)
+    before = scipy_threads()  # (once building the kernel has loaded scipy's BLAS)
+    run([x, w], [], got)
     v = reference(node, x, w)
     close(got, v / (1 + np.exp(-v)), 64)
     assert scipy_threads() == before
+
+
+@pytest.mark.parametrize("left, right, out, guarded", [
+    (T("ik", (256, 32)), T("jk", (1024, 32)), "ij", False),
+    (T("bik", (2, 70, 32)), T("bjk", (2, 1024, 32)), "bij", True)])
+def test_blas_guard_only_where_a_micro_kernel_call_can_reach_blas(left, right, out, guarded):
+    """A parallel micro-kernel call whose tiles all have more than GEMV_ROWS rows calls no
+    BLAS, so it runs without the single-threaded-BLAS guard (two ctypes calls per run); a
+    tile of a few rows (70 rows a batch: tiles of 66 and 4) calls gemv inside the parallel
+    loop, so its call keeps the guard."""
+    node = bind([("k", "k")], out, left, right)
+    run = CONTRACT.anchors["cpu"](node, EMPTY_EPILOGUE)
+    assert run.compiled is not None and (run.compiled.guard is not None) == guarded
+    rng = np.random.default_rng(4)
+    a, b = random_array(rng, left), random_array(rng, right)
+    got = np.empty(node.output_type.shape, np.float32)
+    run([a, b], [], got)
+    close(got, reference(node, a, b), 32)
 
 
 def test_cpu_float64_and_unsupported_dtypes():
@@ -346,6 +365,8 @@ MICRO_CASES = [  # rows and columns with block remainders (rows: every halving b
     ("dot", [("k", "k")], "ij", T("ik", (7, 40)), T("jk", (3, 40))),
     ("bcast", [("k", "k")], "ij", T("ik", (9, 20)), T("jk", (33, 20))),
     ("bcast", [("k", "k")], "ij", T("ik", (14, 7)), T("jk", (16, 7))),
+    ("bcast", [("k", "k")], "ij", T("ik", (13, 300)), T("jk", (20, 300))),  # long K, either layout
+    ("bcast", [("k", "k")], "ij", T("ki", (300, 13)), T("jk", (20, 300))),
     ("dot", [("k", "k")], "bij", T("bik", (2, 9, 13)), T("jk", (5, 13))),
     ("dot", [("k", "k")], "bji", T("bik", (2, 6, 8)), T("bjk", (2, 3, 8))),
     ("bcast", [("k", "k")], "ij", T("ik", (37, 24)), T("jk", (40, 24))),
