@@ -40,6 +40,10 @@ BCAST_MAX_K, BCAST_MIN_N, BCAST_MIN_ROWS = 64, 256, 32
 BCAST_WIDE_MIN_ROWS = 256  # x·Aᵀ-like shapes (the dot region) on bcast from this many rows
 DOT_MR, DOT_NR = 4, 2  # 8 accumulators + 2 + 1 registers of 16
 BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
+# bcast's full blocks have a K loop of their own for A's rows running along K: with K's
+# stride a variable, LLVM walks the six rows' addresses as one chain of adds, 7 cycles a step
+# of K against the 6 its 12 FMAs need.
+UNIT_K_LOOP = True
 
 
 def ops_import(dt: str) -> str:
@@ -196,11 +200,17 @@ def _bcast_rows(mr: int, lanes: int, dt: str) -> list[str]:
     nr = BCAST_NV * lanes
     L = [f"pa{r} = np.uint64(ab + (i0 + i + {r}) * rs)" for r in R]
     L += ["j = 0", f"while j + {nr} <= n:"]
-    body = [f"c{r}_{v} = vzero()" for r in R for v in V] + ["pb = pq + j * k", "for kk in range(np.uint64(k)):"]
-    body += [f"    b{v} = vload(bp, pb + {v * lanes})" for v in V]
-    for r in R:
-        body += [f"    a{r} = vbcast(am[pa{r} + kk * ks])"] + [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
-    body += [f"    pb += {nr}"]
+    def k_loop(unit: bool) -> list[str]:
+        L = ["for kk in range(np.uint64(k)):"] + [f"    b{v} = vload(bp, pb + {v * lanes})" for v in V]
+        for r in R:
+            L += [f"    a{r} = vbcast(am[pa{r} + kk{'' if unit else ' * ks'}])"]
+            L += [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
+        return L + [f"    pb += {nr}"]
+    body = [f"c{r}_{v} = vzero()" for r in R for v in V] + ["pb = pq + j * k"]
+    if mr == BCAST_MR and UNIT_K_LOOP:  # K along A's rows: a loop of its own (see UNIT_K_LOOP)
+        body += ["if ks == 1:"] + _indent(k_loop(True), "    ") + ["else:"] + _indent(k_loop(False), "    ")
+    else:
+        body += k_loop(False)
     body += [f"vstore(scratch, (i + {r}) * n + j + {v * lanes}, c{r}_{v})" for r in R for v in V]
     L += _indent(body, "    ") + [f"    j += {nr}", "while j < n:"]
     tail = [f"pc = np.uint64(pq + (j - j % {nr}) * k + j % {nr})"]
