@@ -19,7 +19,15 @@ it is; every other variant switches one mechanism back off:
 - ``B packed per call``: the ``bcast`` micro-kernel packs its right operand (a resident bank)
   on every call instead of once per loaded value;
 - ``x·Aᵀ on dot``: the ``x·Aᵀ`` product on the ``dot`` micro-kernel (dot products along K)
-  at every T, not on ``bcast`` from 256 rows.
+  at every T, not on ``bcast`` from 256 rows;
+- ``x scanned first``: every row tile of ``x`` scanned for non-finite values before it is
+  read, instead of checked through the tile's sums (``_gemm.CHECK_LEFT_THROUGH_SUMS``);
+- ``remainder rows one by one``: a tile's rows past its last full micro-kernel block
+  computed one at a time, not in blocks of 4, 2 and 1;
+- ``tiles of whole blocks``: row tiles of whole 6-row blocks (at T=256, 132 rows for one
+  thread and 124 for the other), not equal shares (``_gemm.BALANCED_TILES``);
+- ``strided K loop``: the ``bcast`` blocks' K loop reads A with a variable K stride even
+  when it is 1 (``_microgemm.UNIT_K_LOOP``).
 
     python bench/ab_seed.py 256 8192 32768
 """
@@ -67,6 +75,12 @@ def built(inputs, banks, module=None, name=None, value=None, resident=True):
     return exe, run_banks
 
 
+def rows_one_by_one(mr, rows_of):
+    """``_microgemm._row_blocks`` as it was: full blocks, then the remainder row by row."""
+    return ([f"while i + {mr} <= rows:"] + ["    " + line for line in rows_of(mr)] + [f"    i += {mr}"]
+            + ["while i < rows:"] + ["    " + line for line in rows_of(1)] + ["    i += 1"])
+
+
 def variants(inputs, banks):
     """name -> (executable, keep results?, banks to run with), each with one mechanism
     switched off."""
@@ -84,6 +98,10 @@ def variants(inputs, banks):
              "bcast from 2048 rows": (built(inputs, banks, micro, "BCAST_MIN_ROWS", 2048), False),
              "B packed per call": (built(inputs, banks, micro, "ResidentPacks", lambda *args: None), False),
              "x·Aᵀ on dot": (built(inputs, banks, micro, "BCAST_WIDE_MIN_ROWS", 1 << 62), False),
+             "x scanned first": (built(inputs, banks, gemm, "CHECK_LEFT_THROUGH_SUMS", False), False),
+             "remainder rows one by one": (built(inputs, banks, micro, "_row_blocks", rows_one_by_one), False),
+             "tiles of whole blocks": (built(inputs, banks, gemm, "BALANCED_TILES", False), False),
+             "strided K loop": (built(inputs, banks, micro, "UNIT_K_LOOP", False), False),
              "banks per run": (built(inputs, banks, resident=False), False),
              "kernel by kernel": (by_kernel, False)}
     return {name: (exe, keep, run_banks) for name, ((exe, run_banks), keep) in table.items()}
