@@ -30,10 +30,11 @@ it is; every other variant switches one mechanism back off:
   when it is 1 (``_microgemm.UNIT_K_LOOP``).
 
     python bench/ab_seed.py 256 8192 32768
+    python bench/ab_seed.py 256 --variants "x scanned first,tiles of whole blocks" --reps 3000
 """
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 from collections import deque
 from pathlib import Path
@@ -81,42 +82,57 @@ def rows_one_by_one(mr, rows_of):
             + ["while i < rows:"] + ["    " + line for line in rows_of(1)] + ["    i += 1"])
 
 
-def variants(inputs, banks):
+def variants(inputs, banks, only: list[str] | None = None):
     """name -> (executable, keep results?, banks to run with), each with one mechanism
-    switched off."""
-    separate = built(inputs, banks)
-    separate[0]._binder._deferred = lambda structure: frozenset()
-    by_kernel = built(inputs, banks)
-    for compiled in by_kernel[0]._plans.values():
-        compiled._driver, compiled._driver_built = None, True
-    table = {"baseline": (built(inputs, banks), False),
-             "results kept": (built(inputs, banks), True),
-             "separate finiteness pass": (separate, False),
-             "libm exp": (built(inputs, banks, vmath, "cpu_code", lambda lines: list(lines)), False),
-             "4 tiles/thread": (built(inputs, banks, gemm, "TILES_PER_THREAD", 4), False),
-             "BLAS tiles": (built(inputs, banks, micro, "choose_form", lambda *dims: None), False),
-             "bcast from 2048 rows": (built(inputs, banks, micro, "BCAST_MIN_ROWS", 2048), False),
-             "B packed per call": (built(inputs, banks, micro, "ResidentPacks", lambda *args: None), False),
-             "x·Aᵀ on dot": (built(inputs, banks, micro, "BCAST_WIDE_MIN_ROWS", 1 << 62), False),
-             "x scanned first": (built(inputs, banks, gemm, "CHECK_LEFT_THROUGH_SUMS", False), False),
-             "remainder rows one by one": (built(inputs, banks, micro, "_row_blocks", rows_one_by_one), False),
-             "tiles of whole blocks": (built(inputs, banks, gemm, "BALANCED_TILES", False), False),
-             "strided K loop": (built(inputs, banks, micro, "UNIT_K_LOOP", False), False),
-             "banks per run": (built(inputs, banks, resident=False), False),
-             "kernel by kernel": (by_kernel, False)}
-    return {name: (exe, keep, run_banks) for name, ((exe, run_banks), keep) in table.items()}
+    switched off; ``only``: the baseline and these (all when None)."""
+    def separate():
+        exe, run_banks = built(inputs, banks)
+        exe._binder._deferred = lambda structure: frozenset()
+        return exe, run_banks
+
+    def by_kernel():
+        exe, run_banks = built(inputs, banks)
+        for compiled in exe._plans.values():
+            compiled._driver, compiled._driver_built = None, True
+        return exe, run_banks
+
+    makers = {"baseline": (lambda: built(inputs, banks), False),
+              "results kept": (lambda: built(inputs, banks), True),
+              "separate finiteness pass": (separate, False),
+              "libm exp": (lambda: built(inputs, banks, vmath, "cpu_code", lambda lines: list(lines)), False),
+              "4 tiles/thread": (lambda: built(inputs, banks, gemm, "TILES_PER_THREAD", 4), False),
+              "BLAS tiles": (lambda: built(inputs, banks, micro, "choose_form", lambda *dims: None), False),
+              "bcast from 2048 rows": (lambda: built(inputs, banks, micro, "BCAST_MIN_ROWS", 2048), False),
+              "B packed per call": (lambda: built(inputs, banks, micro, "ResidentPacks", lambda *args: None), False),
+              "x·Aᵀ on dot": (lambda: built(inputs, banks, micro, "BCAST_WIDE_MIN_ROWS", 1 << 62), False),
+              "x scanned first": (lambda: built(inputs, banks, gemm, "CHECK_LEFT_THROUGH_SUMS", False), False),
+              "remainder rows one by one": (lambda: built(inputs, banks, micro, "_row_blocks", rows_one_by_one), False),
+              "tiles of whole blocks": (lambda: built(inputs, banks, gemm, "BALANCED_TILES", False), False),
+              "strided K loop": (lambda: built(inputs, banks, micro, "UNIT_K_LOOP", False), False),
+              "banks per run": (lambda: built(inputs, banks, resident=False), False),
+              "kernel by kernel": (by_kernel, False)}
+    unknown = set(only or ()) - set(makers)
+    if unknown:
+        raise SystemExit(f"unknown variants {sorted(unknown)}; known: {sorted(makers)}")
+    names = list(makers) if only is None else ["baseline", *only]
+    table = {}
+    for name in names:
+        make, keep = makers[name]
+        exe, run_banks = make()
+        table[name] = (exe, keep, run_banks)
+    return table
 
 
-def main(tokens: list[int]) -> None:
+def main(tokens: list[int], only: list[str] | None, reps: int | None) -> None:
     for T in tokens:
         inputs, banks = seed_values(T)
-        table = variants(inputs, banks)
+        table = variants(inputs, banks, only)
         kept = deque(maxlen=4)  # more than the pool keeps per slot
         for exe, _, run_banks in table.values():  # arm the fast paths
             for _ in range(3):
                 exe.run(inputs=inputs, banks=run_banks)
         times = {name: [] for name in table}
-        for _ in range(200 if T <= 2048 else 30):
+        for _ in range(reps or (200 if T <= 2048 else 30)):
             for name, (exe, keep, run_banks) in table.items():
                 started = time.perf_counter()
                 result = exe.run(inputs=inputs, banks=run_banks)["%4"]
@@ -130,4 +146,10 @@ def main(tokens: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]] or [256, 8192, 32768])
+    parser = argparse.ArgumentParser(description="Side-by-side A/B of the seed's mechanisms.")
+    parser.add_argument("tokens", nargs="*", type=int, default=[256, 8192, 32768])
+    parser.add_argument("--variants", help="comma-separated: only these beside the baseline (fewer "
+                        "executables in turn disturb each other's caches less)")
+    parser.add_argument("--reps", type=int, help="rounds of calls (default 200 up to T=2048, else 30)")
+    args = parser.parse_args()
+    main(args.tokens, args.variants.split(",") if args.variants else None, args.reps)
