@@ -44,8 +44,8 @@ PARALLEL_MIN_MACS = int(os.environ.get("FORMULA_CONTRACT_PARALLEL_MIN", 1 << 21)
 TILES_PER_THREAD = 1
 SCAN_TILE_BYTES = 512 * 1024  # a left-operand tile scanned for finiteness: half of L2
 GEMV_ROWS = 4  # tiles of at most this many rows call gemv per row (no packing of B)
-# Equal shares: T=256 has 256 rows, and tiles of whole 6-row blocks gave one thread 132 rows
-# (22 blocks) and the other 124 (20 blocks, then 4 rows).
+# About equal shares (micro.balanced_rows): T=256 has 256 rows, and tiles of whole 6-row
+# blocks gave one thread 132 rows (22 blocks) and the other 124 (20 blocks, then 4 rows).
 BALANCED_TILES = True
 CHECK_LEFT_THROUGH_SUMS = True  # see _scan_after (False: every scanned left tile before it is read)
 

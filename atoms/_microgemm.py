@@ -40,10 +40,7 @@ BCAST_MAX_K, BCAST_MIN_N, BCAST_MIN_ROWS = 64, 256, 32
 BCAST_WIDE_MIN_ROWS = 256  # x·Aᵀ-like shapes (the dot region) on bcast from this many rows
 DOT_MR, DOT_NR = 4, 2  # 8 accumulators + 2 + 1 registers of 16
 BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
-# bcast's full blocks have a K loop of their own for A's rows running along K: with K's
-# stride a variable, LLVM walks the six rows' addresses as one chain of adds, 7 cycles a step
-# of K against the 6 its 12 FMAs need.
-UNIT_K_LOOP = True
+REMAINDER_MR = 4  # after bcast's full blocks, one block of 4 rows (8 accumulators: full rate)
 
 
 def ops_import(dt: str) -> str:
@@ -73,11 +70,16 @@ def whole_blocks(form: str | None, rows: int) -> int:
 
 
 def balanced_rows(form: str | None, rows: int, tiles: int) -> int:
-    """Rows per tile for ``rows`` in ``tiles`` tiles of equal size, rounded up to an even
-    count for a micro-kernel: its remainder blocks of 4 rows run at the full rate, those of 2
-    at half of it and a lone row at a quarter."""
+    """Rows per tile for ``rows`` in ``tiles`` tiles of about equal size, for a micro-kernel
+    rounded up to whole blocks or whole blocks and a block of ``REMAINDER_MR`` rows, which
+    runs at the full rate (a lone row runs at a quarter of it): at T=256, tiles of 130 and
+    126 rows rather than of 132 and 124."""
     tm = -(-rows // max(1, tiles))
-    return tm + tm % 2 if form else tm
+    if form:
+        mr = rows_per_block(form)
+        while tm % mr not in (0, REMAINDER_MR % mr):
+            tm += 1
+    return tm
 
 
 def usable(form: str, ta: int, tb: int) -> bool:
@@ -114,15 +116,14 @@ def _dot_block(mr: int, nr: int, lanes: int) -> list[str]:
 
 def _row_blocks(mr: int, rows_of) -> list[str]:
     """The tile's rows in blocks of ``mr`` (``rows_of(r)``: the lines for ``r`` rows from
-    ``i``), then the remainder in halving blocks (``mr`` 6: 4, 2, 1): a lone row has too few
-    accumulators to hide the FMA latency, so a remainder of 4 rows run one by one took about
-    as long as 11 full rows."""
+    ``i``), then, when ``mr`` is larger, one block of ``REMAINDER_MR``, then row by row: a
+    lone row has too few accumulators to hide the FMA latency (4 rows run one by one took
+    about as long as 11 in full blocks). Each block is code LLVM compiles: blocks of 2 as
+    well cost 10 s more of the seed's cold compilation for about 1 % (see balanced_rows)."""
     L = [f"while i + {mr} <= rows:"] + _indent(rows_of(mr), "    ") + [f"    i += {mr}"]
-    r = 1 << (mr - 1).bit_length() - 1 if mr > 1 else 0
-    while r >= 1:
-        L += [f"if i + {r} <= rows:"] + _indent(rows_of(r), "    ") + [f"    i += {r}"]
-        r //= 2
-    return L
+    if mr > REMAINDER_MR:
+        L += [f"if i + {REMAINDER_MR} <= rows:"] + _indent(rows_of(REMAINDER_MR), "    ") + [f"    i += {REMAINDER_MR}"]
+    return L + ["while i < rows:"] + _indent(rows_of(1), "    ") + ["    i += 1"]
 
 
 def _rows(mr: int, block, nr: int) -> list[str]:
@@ -200,17 +201,11 @@ def _bcast_rows(mr: int, lanes: int, dt: str) -> list[str]:
     nr = BCAST_NV * lanes
     L = [f"pa{r} = np.uint64(ab + (i0 + i + {r}) * rs)" for r in R]
     L += ["j = 0", f"while j + {nr} <= n:"]
-    def k_loop(unit: bool) -> list[str]:
-        L = ["for kk in range(np.uint64(k)):"] + [f"    b{v} = vload(bp, pb + {v * lanes})" for v in V]
-        for r in R:
-            L += [f"    a{r} = vbcast(am[pa{r} + kk{'' if unit else ' * ks'}])"]
-            L += [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
-        return L + [f"    pb += {nr}"]
-    body = [f"c{r}_{v} = vzero()" for r in R for v in V] + ["pb = pq + j * k"]
-    if mr == BCAST_MR and UNIT_K_LOOP:  # K along A's rows: a loop of its own (see UNIT_K_LOOP)
-        body += ["if ks == 1:"] + _indent(k_loop(True), "    ") + ["else:"] + _indent(k_loop(False), "    ")
-    else:
-        body += k_loop(False)
+    body = [f"c{r}_{v} = vzero()" for r in R for v in V] + ["pb = pq + j * k", "for kk in range(np.uint64(k)):"]
+    body += [f"    b{v} = vload(bp, pb + {v * lanes})" for v in V]
+    for r in R:
+        body += [f"    a{r} = vbcast(am[pa{r} + kk * ks])"] + [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
+    body += [f"    pb += {nr}"]
     body += [f"vstore(scratch, (i + {r}) * n + j + {v * lanes}, c{r}_{v})" for r in R for v in V]
     L += _indent(body, "    ") + [f"    j += {nr}", "while j < n:"]
     tail = [f"pc = np.uint64(pq + (j - j % {nr}) * k + j % {nr})"]

@@ -23,11 +23,9 @@ it is; every other variant switches one mechanism back off:
 - ``x scanned first``: every row tile of ``x`` scanned for non-finite values before it is
   read, instead of checked through the tile's sums (``_gemm.CHECK_LEFT_THROUGH_SUMS``);
 - ``remainder rows one by one``: a tile's rows past its last full micro-kernel block
-  computed one at a time, not in blocks of 4, 2 and 1;
+  computed one at a time, with no block of 4 first;
 - ``tiles of whole blocks``: row tiles of whole 6-row blocks (at T=256, 132 rows for one
-  thread and 124 for the other), not equal shares (``_gemm.BALANCED_TILES``);
-- ``strided K loop``: the ``bcast`` blocks' K loop reads A with a variable K stride even
-  when it is 1 (``_microgemm.UNIT_K_LOOP``).
+  thread and 124 for the other), not about equal shares (``_gemm.BALANCED_TILES``).
 
     python bench/ab_seed.py 256 8192 32768
     python bench/ab_seed.py 256 --variants "x scanned first,tiles of whole blocks" --reps 3000
@@ -77,7 +75,7 @@ def built(inputs, banks, module=None, name=None, value=None, resident=True):
 
 
 def rows_one_by_one(mr, rows_of):
-    """``_microgemm._row_blocks`` as it was: full blocks, then the remainder row by row."""
+    """``_microgemm._row_blocks`` with no block of 4: full blocks, then the remainder row by row."""
     return ([f"while i + {mr} <= rows:"] + ["    " + line for line in rows_of(mr)] + [f"    i += {mr}"]
             + ["while i < rows:"] + ["    " + line for line in rows_of(1)] + ["    i += 1"])
 
@@ -108,7 +106,6 @@ def variants(inputs, banks, only: list[str] | None = None):
               "x scanned first": (lambda: built(inputs, banks, gemm, "CHECK_LEFT_THROUGH_SUMS", False), False),
               "remainder rows one by one": (lambda: built(inputs, banks, micro, "_row_blocks", rows_one_by_one), False),
               "tiles of whole blocks": (lambda: built(inputs, banks, gemm, "BALANCED_TILES", False), False),
-              "strided K loop": (lambda: built(inputs, banks, micro, "UNIT_K_LOOP", False), False),
               "banks per run": (lambda: built(inputs, banks, resident=False), False),
               "kernel by kernel": (by_kernel, False)}
     unknown = set(only or ()) - set(makers)
