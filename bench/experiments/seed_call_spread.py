@@ -7,10 +7,12 @@ spread comes from needing both cores at once.
 """
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from bench.ab_seed import built, seed_values
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # (the repository root: bench/)
+from bench.ab_seed import built, seed_values  # noqa: E402
 
 
 def main(tokens: int, seconds: float) -> None:
