@@ -327,9 +327,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     L += vmath.cpu_code(lines)
     L.append(f"                    out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}] = {result}")
     if counting:  # (a row's flag, then counted: an int64 count per element halves the vectors)
-        L.append("                nf += bad")
-    if counting:
-        L += ["        counts[w] = nf", "    return counts.sum() + nfb"]
+        L += ["                nf += bad", "        counts[w] = nf", "    return counts.sum() + nfb"]
     return "\n".join(L) + "\n"
 
 
@@ -365,8 +363,9 @@ def keepdims_flattener(t: TensorType, out_type: TensorType):
 def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
     """``run(inputs, extras, out)``: BLAS row tiles in prange, epilogue applied per hot tile.
     Returns a count that is nonzero when a non-finite value was read among the epilogue's
-    ``checked`` extras and the ``checked_anchor_inputs`` (None when there are none): the left operand is scanned tile by
-    tile inside the kernel, just before BLAS reads the tile; the right one (typically a small
+    ``checked`` extras and the ``checked_anchor_inputs`` (None when there are none): the left
+    operand is scanned tile by tile inside the kernel, just before BLAS reads the tile (or
+    checked through the tile's sums, see ``_scan_after``); the right one (typically a small
     bank) once, flat, before the tiles. An operand with no flat view is scanned here."""
     lt, rt = node.input_types
     dt = anchor_dtype(node, epilogue, "cpu")

@@ -117,9 +117,9 @@ def _dot_block(mr: int, nr: int, lanes: int) -> list[str]:
 def _row_blocks(mr: int, rows_of) -> list[str]:
     """The tile's rows in blocks of ``mr`` (``rows_of(r)``: the lines for ``r`` rows from
     ``i``), then, when ``mr`` is larger, one block of ``REMAINDER_MR``, then row by row: a
-    lone row has too few accumulators to hide the FMA latency (4 rows run one by one took
-    about as long as 11 in full blocks). Each block is code LLVM compiles: blocks of 2 as
-    well cost 10 s more of the seed's cold compilation for about 1 % (see balanced_rows)."""
+    lone row has too few accumulators to hide the FMA latency and runs at a quarter of the
+    rate. Each block is more code for LLVM to compile, so there are no blocks of 2:
+    ``balanced_rows`` sizes tiles to need none."""
     L = [f"while i + {mr} <= rows:"] + _indent(rows_of(mr), "    ") + [f"    i += {mr}"]
     if mr > REMAINDER_MR:
         L += [f"if i + {REMAINDER_MR} <= rows:"] + _indent(rows_of(REMAINDER_MR), "    ") + [f"    i += {REMAINDER_MR}"]
