@@ -4,6 +4,7 @@ a backend-equivalence assertion against the ``reference`` oracle."""
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,14 @@ from .atomspec import InferContext
 from .validate import check_signature
 from .model import type_to_dict
 from .types import TensorType, numpy_dtype
+
+
+def real_cuda() -> bool:
+    """Whether this session runs CUDA kernels on a device (``FORMULA_REAL_CUDA=1``, as
+    ``bench/gpu_check.sh`` sets) rather than on Numba's simulator. The simulator interprets
+    every thread in Python, so simulated cases stay tiny; a device gets more and larger ones
+    (several blocks, partial tiles, grid-stride loops)."""
+    return os.environ.get("FORMULA_REAL_CUDA") == "1"
 
 
 @pytest.fixture

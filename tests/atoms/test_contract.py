@@ -14,6 +14,7 @@ from runtime.atomspec import ScalarOp, bind_node
 from runtime.errors import FormulaError
 from runtime.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
 from runtime.layout import align_to
+from runtime.testing import real_cuda
 from runtime.types import TensorType
 
 CONTRACT = SPECS[0]
@@ -310,6 +311,13 @@ CUDA_CASES = [  # (pairs, out, left, right, epilogue?) — grids of at most a fe
     ([("k", "r")], "jbi", T("bik", (2, 3, 4)), T("jrb", (5, 4, 2)), True),
     ([("k", "k")], "ij", T("ik", (4, 17), "float64"), T("kj", (17, 3), "float64"), False),
 ]
+if real_cuda():  # several blocks and partial tiles in every direction, batches past one block
+    CUDA_CASES += [
+        ([("D", "D")], "BSR", T(("B", "S", "D"), (2, 300, 1030)), T("RD", (33, 1030)), True),
+        ([("R", "R")], "BSD", T(("B", "S", "R"), (2, 300, 33)), T("DR", (1030, 33)), True),
+        ([("k", "r")], "jbi", T("bik", (70, 37, 45)), T("jrb", (19, 45, 70)), True),
+        ([("k", "k")], "ij", T("ik", (129, 257), "float64"), T("kj", (257, 65), "float64"), False),
+    ]
 
 
 @pytest.mark.parametrize("pairs, out, lt, rt, fused", CUDA_CASES)

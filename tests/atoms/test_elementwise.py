@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from atoms.elementwise import SCALAR_EXPRS, SPECS
 from runtime.atomspec import InferContext, bind_node
 from runtime.errors import FormulaError
-from runtime.testing import run_kernel
+from runtime.testing import real_cuda, run_kernel
 from runtime.types import TensorType
 
 SPEC = {s.name: s for s in SPECS}
@@ -197,8 +197,9 @@ def test_cpu_matches_reference_hypothesis(seed, order, extents, mode, transposed
         np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, err_msg=name)
 
 
-@settings(deadline=None, max_examples=3)
-@given(seed=st.integers(0, 2**16), order=ORDERS, extents=st.tuples(*[st.integers(2, 3)] * 3),
+@settings(deadline=None, max_examples=25 if real_cuda() else 3)
+@given(seed=st.integers(0, 2**16), order=ORDERS,
+       extents=st.tuples(*[st.integers(2, 60 if real_cuda() else 3)] * 3),
        mode=st.sampled_from(["gelu", "silu", "rsqrt"]))
 def test_cuda_matches_reference_hypothesis(seed, order, extents, mode):
     rng, sizes, vt, x = _case(seed, order, extents, "float64")

@@ -9,7 +9,7 @@ from atoms.reduce import SPECS as REDUCE
 from atoms.softmax import SPECS as SOFTMAX
 from runtime.atomspec import InferContext, bind_node
 from runtime.errors import FormulaError
-from runtime.testing import run_kernel
+from runtime.testing import real_cuda, run_kernel
 from runtime.types import TensorType
 
 SPEC = {s.name: s for s in REDUCE + SOFTMAX}
@@ -156,9 +156,10 @@ def test_cpu_matches_reference_hypothesis(seed, order, extents, axis, strided):
                                    rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-@settings(deadline=None, max_examples=3)
+@settings(deadline=None, max_examples=25 if real_cuda() else 3)
 @given(seed=st.integers(0, 2**16), order=st.permutations(["A", "B", "C"]),
-       extents=st.tuples(*[st.integers(2, 3)] * 3), axis=st.sampled_from("ABC"))
+       extents=st.tuples(*[st.integers(2, 60 if real_cuda() else 3)] * 3),
+       axis=st.sampled_from("ABC"))
 def test_cuda_matches_reference_hypothesis(seed, order, extents, axis):
     rng = np.random.default_rng(seed)
     sizes = dict(zip("ABC", extents))

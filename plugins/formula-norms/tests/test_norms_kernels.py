@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from runtime.atomspec import InferContext, bind_node
 from runtime.errors import FormulaError
+from runtime.testing import real_cuda
 
 from norms_helpers import SPECS, TOL, run_kernel, ttype
 
@@ -91,7 +92,7 @@ def cpu_cases(draw):
 
 @st.composite
 def cuda_cases(draw):
-    return _case(draw, 4)  # at most 64 elements: a few dozen simulated threads
+    return _case(draw, 70 if real_cuda() else 4)  # simulated: at most 64 elements
 
 
 @settings(deadline=None, max_examples=30)
@@ -105,7 +106,7 @@ def test_cpu_matches_reference(case):
 
 
 @pytest.mark.cuda
-@settings(deadline=None, max_examples=8)
+@settings(deadline=None, max_examples=30 if real_cuda() else 8)
 @given(cuda_cases())
 def test_cuda_matches_reference(case):
     name, attrs_, x, axes = case
