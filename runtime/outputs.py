@@ -86,12 +86,45 @@ def check_out(out: Any, outputs: tuple[str, ...], types: Mapping[str, TensorType
                 fail("out_buffer", path, f"out[{slot!r}] is read-only")
             if not arr.flags.aligned:
                 fail("out_buffer", path, f"out[{slot!r}] is not aligned to its dtype")
-            for name, value in list(operands.items()) + list(checked.items()):
-                if isinstance(value, np.ndarray) and np.may_share_memory(arr, value):
-                    fail("out_buffer", path, f"out[{slot!r}] overlaps the memory of {name!r}; "
-                         "results must be written to memory no operand or other result uses")
+        for name, value in list(operands.items()) + list(checked.items()):
+            if may_overlap(arr, value):
+                fail("out_buffer", path, f"out[{slot!r}] overlaps the memory of {name!r}; "
+                     "results must be written to memory no operand or other result uses")
         checked[slot] = arr
     return checked
+
+
+def may_overlap(a: Any, b: Any) -> bool:
+    """Whether two arrays' memory may overlap: host arrays by NumPy's bounds check, device
+    arrays by the byte ranges their ``__cuda_array_interface__`` spans (the same check on
+    device pointers), the simulator's by the host arrays they wrap. Host and device memory
+    never overlap."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.may_share_memory(a, b)
+    ra, rb = device_bytes(a), device_bytes(b)
+    if ra is not None and rb is not None:
+        return ra[0] < rb[1] and rb[0] < ra[1]
+    wa, wb = getattr(a, "_ary", None), getattr(b, "_ary", None)  # numba's simulator arrays
+    return isinstance(wa, np.ndarray) and isinstance(wb, np.ndarray) and np.may_share_memory(wa, wb)
+
+
+def device_bytes(arr: Any) -> tuple[int, int] | None:
+    """The ``[start, end)`` device addresses an array's elements span, or None when it has no
+    ``__cuda_array_interface__``. Empty arrays span nothing."""
+    iface = getattr(arr, "__cuda_array_interface__", None)
+    if not isinstance(iface, Mapping):
+        return None
+    start = int(iface["data"][0])
+    shape = tuple(iface["shape"])
+    itemsize = np.dtype(iface["typestr"]).itemsize
+    if 0 in shape:
+        return start, start
+    strides = iface.get("strides")
+    if strides is None:  # C-contiguous
+        return start, start + itemsize * int(np.prod(shape, dtype=np.int64))
+    low = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
+    return start + low, start + high + itemsize
 
 
 def _contiguous(arr: Any) -> bool:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import runtime
+from runtime.outputs import device_bytes, may_overlap
 from runtime.testing import ProgramBuilder, random_values
 
 SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
@@ -143,6 +144,38 @@ def test_cuda_out_arrays_host_and_device():
     with pytest.raises(runtime.FormulaError) as err:  # device results, host array
         exe.run(inputs={"x": cuda.to_device(x)}, out={y: host_out})
     assert err.value.code == "out_buffer" and "device array" in err.value.message
+    both = cuda.to_device(np.concatenate([x, x]))
+    dx = both[:8]
+    for overlapping in (dx, both[4:12]):  # the input itself, a view that overlaps it
+        with pytest.raises(runtime.FormulaError) as err:
+            exe.run(inputs={"x": dx}, out={y: overlapping})
+        assert err.value.code == "out_buffer" and err.value.path == f"$.out.{y}"
+        assert "overlaps the memory of 'x'" in err.value.message
+    np.testing.assert_array_equal(dx.copy_to_host(), x)  # not written
+
+
+class _DeviceView:
+    """A device array as other libraries hand one over: only ``__cuda_array_interface__``."""
+
+    def __init__(self, ptr, shape, strides=None, typestr="<f4"):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape, "strides": strides,
+                                         "typestr": typestr, "version": 3}
+
+
+def test_device_overlap_is_decided_on_the_byte_ranges_of_device_pointers():
+    whole = _DeviceView(4096, (4, 8))  # 128 bytes from 4096
+    assert device_bytes(whole) == (4096, 4224)
+    assert device_bytes(_DeviceView(4096, (4, 0))) == (4096, 4096)
+    column = _DeviceView(4096 + 4, (4,), (32,))  # column 1: 4100 .. 4100 + 3*32 + 4
+    assert device_bytes(column) == (4100, 4200)
+    reversed_rows = _DeviceView(4096 + 96, (4, 8), (-32, 4))  # rows in reverse order
+    assert device_bytes(reversed_rows) == (4096, 4224)
+    assert may_overlap(whole, column) and may_overlap(column, reversed_rows)
+    assert not may_overlap(whole, _DeviceView(4224, (8,)))  # starts where `whole` ends
+    assert not may_overlap(whole, _DeviceView(0, (1024,)))  # ends at 4096
+    assert not may_overlap(_DeviceView(4096, (0,)), whole)  # an empty array overlaps nothing
+    host = np.zeros(4, np.float32)
+    assert not may_overlap(host, whole) and may_overlap(host, host[1:])
 
 
 def test_release_memory_drops_idle_arenas_and_pooled_results_but_keeps_the_plans(exe):
