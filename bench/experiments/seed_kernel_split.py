@@ -1,6 +1,7 @@
 """Where a warm seed run's time goes: each fused group alone, both (the compiled driver's
-call, no Python), and the whole ``exe.run``, interleaved call by call in one process (µs;
-the 10th percentile is the quiet figure on this noisy machine).
+call, no Python), the whole ``exe.run``, and the Python around the driver within each of
+those runs (its time minus its own ``Driver.run``), interleaved call by call in one process
+(µs; the 10th percentile is the quiet figure on this noisy machine).
 
     python bench/experiments/seed_kernel_split.py [T] [calls]
 """
@@ -14,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import runtime  # noqa: E402
 from bench.ab_seed import SEED, seed_values  # noqa: E402
+from runtime import driver  # noqa: E402
 from runtime.driver import build_driver  # noqa: E402
 
 
@@ -34,7 +36,16 @@ def main(T: int, calls: int) -> None:
                "both (driver)": build_driver(compiled.launches, bindings)}
     calls_of = {name: (d.call, [values[s] for s in d.slots] + list(d.constants)
                        + [derive(values[s]) for s, derive in d.derived]) for name, d in drivers.items()}
-    times = {name: [] for name in [*calls_of, "exe.run"]}
+    times = {name: [] for name in [*calls_of, "exe.run", "Python around the driver"]}
+    inner = []
+    plain_run = driver.Driver.run
+
+    def timed_run(self, values):
+        t0 = time.perf_counter()
+        found = plain_run(self, values)
+        inner.append(time.perf_counter() - t0)
+        return found
+    driver.Driver.run = timed_run
     for _ in range(calls):
         for name, (call, args) in calls_of.items():
             t0 = time.perf_counter()
@@ -43,7 +54,9 @@ def main(T: int, calls: int) -> None:
         t0 = time.perf_counter()
         result = exe.run(inputs=inputs, banks=resident)
         times["exe.run"].append(time.perf_counter() - t0)
+        times["Python around the driver"].append(times["exe.run"][-1] - inner[-1])
         del result
+    driver.Driver.run = plain_run
     for name, v in times.items():
         v = np.array(v) * 1e6
         print(f"T={T} {name}: p10 {np.percentile(v, 10):.1f}  p50 {np.median(v):.1f} µs")
