@@ -108,7 +108,8 @@ class Driver:
     def run(self, values: Mapping[str, Any]) -> int:
         args = [values[slot] for slot in self.slots]
         args += self.constants
-        args += [derive(values[slot]) for slot, derive in self.derived]
+        for slot, derive in self.derived:
+            args.append(derive(values[slot]))
         if not self.guards:
             return self.call(*args)
         with self.guards[0] if len(self.guards) == 1 else _all_of(self.guards):

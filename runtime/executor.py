@@ -18,6 +18,7 @@ import attrs
 import numpy as np
 
 from .atomspec import Node
+from .backends.base import Backend
 from .backends.cuda import is_device_array
 from .bindings import Binder
 from .driver import Driver, build_driver
@@ -76,8 +77,9 @@ class _Launch:
 
 class CompiledPlan:
     def __init__(self, plan: Plan, types: dict[str, TensorType], launches: list[_Launch],
-                 upfront_checks, backend):
+                 upfront_checks, backend, resident: frozenset[str] = frozenset()):
         self.plan = plan
+        self.resident = resident  # banks whose runs bind runtime-owned C-order copies
         # float bindings a kernel reads in full and checks itself (see AtomSpec.anchor_counts_nonfinite)
         self.deferred_finite = frozenset(s for launch in launches for s in launch.counts_nonfinite)
         self.types = types
@@ -93,6 +95,8 @@ class CompiledPlan:
             for slot, buf in plan.buffers.items() if buf.kind == "temporary")
         self._driver: Driver | None = None
         self._driver_built = backend.device_memory  # device plans launch kernel by kernel
+        # waiting for the kernels, where the backend has anything to wait for
+        self.synchronize = None if type(backend).synchronize is Backend.synchronize else backend.synchronize
         self._runs = 0
 
     def driver(self) -> Driver | None:
@@ -103,29 +107,29 @@ class CompiledPlan:
             with self._lock:
                 self._runs += 1
                 if not self._driver_built and self._runs >= DRIVER_AFTER_RUNS:
-                    buffers = self.plan.buffers
-                    self._driver = build_driver(
-                        self.launches, frozenset(s for s, b in buffers.items() if b.kind in ("input", "bank")))
+                    buffers = self.plan.buffers  # (resident banks always have the driver's layout)
+                    self._driver = build_driver(self.launches, frozenset(
+                        s for s, b in buffers.items() if b.kind in ("input", "bank") and s not in self.resident))
                     self._driver_built = True
         return self._driver
 
     def acquire_arena(self) -> dict[str, Any]:
         """Each concurrent run gets its own arena, reused run after run: given as the views
-        of every temporary slot into it, made once per arena."""
-        with self._lock:
-            if self._free_arenas:
-                return self._free_arenas.pop()
+        of every temporary slot into it, made once per arena. (``list.pop`` and ``append``
+        are atomic, so no lock is needed to hand out idle arenas.)"""
+        try:
+            return self._free_arenas.pop()
+        except IndexError:
+            pass
         arena = self.backend.allocate(self.plan.arena_bytes)
         return {slot: self.backend.view(arena, offset, t) for slot, offset, t in self._temporaries}
 
     def release_arena(self, arena) -> None:
-        with self._lock:
-            self._free_arenas.append(arena)
+        self._free_arenas.append(arena)
 
     def release_memory(self) -> None:
         """Drop the idle arenas and the pooled result arrays (runs in flight keep theirs)."""
-        with self._lock:
-            self._free_arenas.clear()
+        self._free_arenas.clear()
         self.results.clear()
 
 
@@ -139,6 +143,7 @@ class Executable:
         self._plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()
         self._plans_lock = threading.Lock()
         self._by_structure: dict[tuple, CompiledPlan] = {}
+        self._last_structure: tuple[tuple | None, CompiledPlan | None] = (None, None)
         self._binder = Binder(program, self._deferred_finite)
 
     def release_memory(self) -> None:
@@ -212,7 +217,7 @@ class Executable:
                         checks.append(entry)
             launches.append(self._launch(group, tuple(checks), unclaimed, resident))
             unclaimed.difference_update(launches[-1].counts_nonfinite)
-        return CompiledPlan(plan, types, launches, tuple(upfront), self.backend)
+        return CompiledPlan(plan, types, launches, tuple(upfront), self.backend, resident)
 
     def _launch(self, group, checks, unclaimed: set[str], resident: frozenset[str]) -> _Launch:
         backend = self.backend.name
@@ -269,9 +274,15 @@ class Executable:
         if isinstance(banks, ResidentBanks):
             banks.check_backend(self.backend)
         bound = self._binder.bind(inputs, banks)
-        compiled = self._by_structure.get(bound.structure) if bound.structure is not None else None
-        if compiled is None:
-            compiled = self._compiled_for(bound)
+        last = self._last_structure  # the binder's fast path hands back the very same key
+        if bound.structure is not None and last[0] is bound.structure:
+            compiled = last[1]
+        else:
+            compiled = self._by_structure.get(bound.structure) if bound.structure is not None else None
+            if compiled is None:
+                compiled = self._compiled_for(bound)
+            if bound.structure is not None:
+                self._last_structure = (bound.structure, compiled)  # one tuple: replaced atomically
         given = check_out(out, self.program.outputs, compiled.types, bound.values, is_device_array) \
             if out is not None else {}
         device_results = bool(given) and self.backend.device_memory and not _host_values(bound)
@@ -323,14 +334,12 @@ class Executable:
              for name, v in bound.values.items()}
         values.update(arena)
         outputs: dict[str, Any] = {}
-        pooled: list[str] = []
         for slot, t in compiled.outputs:
             target = given.get(slot) if given else None
             if target is not None and is_device_array(target) == backend.device_memory:
                 outputs[slot] = values[slot] = target  # written in place by its kernel
             else:
                 outputs[slot] = values[slot] = compiled.results.take(slot, lambda: backend.empty(t))
-                pooled.append(slot)
         records = [] if trace else None
         driver = None if trace else compiled.driver()
         if driver is not None and driver.takes(values):
@@ -338,9 +347,8 @@ class Executable:
                 self._binder.check_finite(bound, compiled.deferred_finite, *raw)
         else:
             self._launch_each(compiled, values, bound, raw, records)
-        backend.synchronize()
-        for slot in pooled:
-            compiled.results.lend(slot, outputs[slot])
+        if compiled.synchronize is not None:
+            compiled.synchronize()
         if host_results:  # a device backend given host values: host results
             for slot, v in outputs.items():
                 if slot in given and given[slot] is not v:

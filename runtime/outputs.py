@@ -25,31 +25,34 @@ from .errors import fail
 from .types import TensorType, numpy_dtype
 
 KEEP_PER_SLOT = 2  # `y = exe.run(...)` in a loop still holds the previous result during a run
-_POOL_ONLY = 2  # getrefcount of a list item the pool alone holds: the list + the call's argument
+_IDLE = 3  # getrefcount of a pooled array nothing else holds: the list, the loop variable, the call's argument
 
 
 class ResultPool:
-    """Result arrays lent to callers, per output slot, reclaimed once they are unreferenced."""
+    """Result arrays lent to callers, per output slot, reclaimed once they are unreferenced.
+
+    An array stays in the pool while a run writes it and while the caller holds it: the
+    references of either keep it from being taken again, so a run takes one without
+    removing it, and nothing has to be put back after the run."""
 
     def __init__(self):
         self._lent: dict[str, list[Any]] = {}
         self._lock = threading.Lock()
 
     def take(self, slot: str, make: Callable[[], Any]) -> Any:
-        with self._lock:
-            lent = self._lent.get(slot)
-            if lent:
-                for i in range(len(lent)):
-                    if sys.getrefcount(lent[i]) == _POOL_ONLY and not weakref.getweakrefcount(lent[i]):
-                        return lent.pop(i)
-        return make()
-
-    def lend(self, slot: str, value: Any) -> None:
+        """An array for ``slot``'s result: a pooled one that nothing else refers to (no name,
+        container, view, buffer export or weak reference), else ``make()``, pooled from now on."""
+        with self._lock:  # the caller's reference exists before another run can look
+            for value in self._lent.get(slot, ()):
+                if sys.getrefcount(value) == _IDLE and not weakref.getweakrefcount(value):
+                    return value
+        value = make()
         with self._lock:
             lent = self._lent.setdefault(slot, [])
             lent.append(value)
             if len(lent) > KEEP_PER_SLOT:
                 del lent[0]  # the caller keeps it; it is simply no longer ours to reuse
+        return value
 
     def clear(self) -> None:
         with self._lock:

@@ -67,6 +67,16 @@ def test_a_shared_executable_runs_concurrently_from_threads():
         assert_seed_close(results[k], inputs, banks)
 
 
+def test_runs_alternating_between_extents_each_take_their_own_plan():
+    exe = runtime.compile(SEED, "cpu")
+    cases = [seed_values(T=T, seed=T) for T in (8, 40, 8, 40, 40, 8)]
+    for inputs, banks in cases:  # the repeat-run shortcuts key on the last structure
+        got = exe.run(inputs=inputs, banks=banks)["%4"]
+        assert got.shape == inputs["x"].shape
+        assert_seed_close(got, inputs, banks)
+    assert len(exe._plans) == 2
+
+
 def test_trace_names_groups_atoms_times_and_bytes():
     inputs, banks = seed_values()
     res = runtime.execute(SEED, inputs=inputs, banks=banks, trace=True)
