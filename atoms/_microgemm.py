@@ -236,21 +236,15 @@ class ResidentPacks:
         tb, ldb, sbb = layout
         self._pack = lambda value: pack_right(value.reshape(-1), nb, k, n, sbb, ldb, tb)
         self._packed: dict[int, tuple[weakref.ref, np.ndarray]] = {}
-        self._last: tuple = (lambda: None, None)
         self._lock = threading.Lock()
 
     def __call__(self, value: np.ndarray) -> np.ndarray:
-        entry = self._last  # the value of the last call (runs with one resident bank: all)
-        if entry[0]() is value:
-            return entry[1]
         key = id(value)
         entry = self._packed.get(key)  # (an atomic read: the lock guards the writes)
         if entry is None or entry[0]() is not value:
-            packed = self._pack(value)
-            entry = (weakref.ref(value, lambda _, key=key: self._forget(key)), packed)
+            entry = (weakref.ref(value, lambda _, key=key: self._forget(key)), self._pack(value))
             with self._lock:
                 self._packed[key] = entry
-        self._last = entry  # one tuple: replaced atomically
         return entry[1]
 
     def _forget(self, key: int) -> None:
