@@ -6,9 +6,12 @@ result is deterministic and the backends agree up to the rounding of the same ad
 """
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
+from numba import prange
 
 from runtime.atomspec import AtomSpec, InferContext, Node
 from runtime.errors import fail
@@ -79,28 +82,129 @@ def _body(position: int, space_rank: int, wrap) -> list[str]:
             f"out[{', '.join(names)}] = s"]
 
 
+# --- cpu ---------------------------------------------------------------------------------------
+# The value is viewed as ``[outer, K, inner]`` (K: the reduced axis) and each output element
+# is still one sequential sum over K: the kernels only choose which sums run side by side.
+SIDE_BY_SIDE_ROWS = 8  # inner == 1: 8 rows' sums interleaved, 8 addition chains hiding the
+#                        add latency (a lone chain waits for each addition: 5x slower)
+INNER_BLOCK = 1024  # inner > 1: accumulators per tile (fewer when tiles are too few for the
+#                     threads); rows of K added to them in order, vectorised. Side by side on
+#                     [1, 1024, 1024] float32: 2 tiles of 512 0.058 ms, 1 of 1024 0.074, 8 of 128 0.071
+MIN_INNER_BLOCK = 256
+PARALLEL_MIN_WORK = int(os.environ.get("FORMULA_REDUCE_PARALLEL_MIN", 1 << 18))  # elements read
+TASKS_PER_THREAD = 4
+
+
+def _sum_task(x, out, outer, k, inner, block, t, ntask):
+    """Task ``t`` of ``ntask`` (about equal shares) of ``out[o, i] = x[o, 0, i] + x[o, 1, i] + ...``
+    in index order, for flat C-order ``x`` ``[outer, k, inner]`` and ``out`` ``[outer, inner]``
+    (``inner > 1``: tiles of ``block`` accumulators). Unsigned indices: no negative-index wraparound in the loops."""
+    uk, uin = np.uint64(k), np.uint64(inner)
+    if inner == 1:
+        nblk = (outer + 7) // 8
+        for b in range(t * nblk // ntask, (t + 1) * nblk // ntask):
+            r = np.uint64(b * 8)
+            if r + np.uint64(8) <= np.uint64(outer):
+                p0, p1, p2, p3 = r * uk, (r + np.uint64(1)) * uk, (r + np.uint64(2)) * uk, (r + np.uint64(3)) * uk
+                p4, p5, p6, p7 = (r + np.uint64(4)) * uk, (r + np.uint64(5)) * uk, (r + np.uint64(6)) * uk, (r + np.uint64(7)) * uk
+                s0, s1, s2, s3 = x[p0], x[p1], x[p2], x[p3]
+                s4, s5, s6, s7 = x[p4], x[p5], x[p6], x[p7]
+                for j in range(np.uint64(1), uk):
+                    s0 += x[p0 + j]
+                    s1 += x[p1 + j]
+                    s2 += x[p2 + j]
+                    s3 += x[p3 + j]
+                    s4 += x[p4 + j]
+                    s5 += x[p5 + j]
+                    s6 += x[p6 + j]
+                    s7 += x[p7 + j]
+                out[r] = s0
+                out[r + np.uint64(1)] = s1
+                out[r + np.uint64(2)] = s2
+                out[r + np.uint64(3)] = s3
+                out[r + np.uint64(4)] = s4
+                out[r + np.uint64(5)] = s5
+                out[r + np.uint64(6)] = s6
+                out[r + np.uint64(7)] = s7
+            else:
+                for q in range(r, np.uint64(outer)):
+                    s = x[q * uk]
+                    for j in range(np.uint64(1), uk):
+                        s += x[q * uk + j]
+                    out[q] = s
+    else:
+        nib = (inner + block - 1) // block
+        ntiles = outer * nib
+        for tile in range(t * ntiles // ntask, (t + 1) * ntiles // ntask):
+            o = tile // nib
+            i0 = np.uint64((tile - o * nib) * block)
+            i1 = min(i0 + np.uint64(block), uin)
+            ob = np.uint64(o) * uin
+            xb = np.uint64(o) * uk * uin
+            for i in range(i0, i1):
+                out[ob + i] = x[xb + i]
+            for j in range(np.uint64(1), uk):
+                xr = xb + j * uin
+                for i in range(i0, i1):
+                    out[ob + i] += x[xr + i]
+
+
+def _sum_serial(x, out, outer, k, inner, block, ntask):
+    for t in range(ntask):
+        _sum_task_jit(x, out, outer, k, inner, block, t, ntask)
+
+
+def _sum_parallel(x, out, outer, k, inner, block, ntask):
+    for w in prange(ntask):
+        _sum_task_jit(x, out, outer, k, inner, block, np.int64(w), ntask)  # (a prange index may be unsigned)
+
+
+_sum_task_jit = None  # _sum_task compiled: a global the two wrappers resolve when compiled
+_jitted: dict[str, object] = {}
+
+
+def _cpu_kernel(parallel: bool):
+    """The njit kernel (compiled per dtype on first use, cached on disk). The serial and the
+    parallel one are distinct functions: Numba's disk cache tells functions apart by name and
+    line, not by their ``parallel`` flag, so one function compiled both ways would load one
+    variant's machine code for the other."""
+    global _sum_task_jit
+    if not _jitted:
+        from numba import njit
+
+        from runtime.codegen import configure_numba_cache
+
+        configure_numba_cache()
+        options = dict(cache=True, nogil=True, error_model="numpy")
+        _sum_task_jit = njit(**options)(_sum_task)
+        _jitted["serial"] = njit(**options)(_sum_serial)
+        _jitted["parallel"] = njit(parallel=True, **options)(_sum_parallel)
+    return _jitted["parallel" if parallel else "serial"]
+
+
 def _cpu(node: Node):
     from runtime.backends import cpu_codegen as cg
 
     _check_device(node, "cpu")
-    position, rank, lead = _layout(node)
-    dt = cg.numba_type(node.input_types[0].dtype, node.path, "reduce")
-    space = [k for k in range(rank) if k != position]
-    dims = [f"v.shape[{k}]" for k in space]
-    body = _body(position, len(space), lambda k: f"_u({k})")
-    args = [("v", dt, rank, False), ("out", dt, rank - 1, True)]
-    label = f"reduce sum axis {position} of rank {rank} {dt}"
-    kernel = cg.NestKernel("reduce", lambda par: cg.render(label, args, cg.loop_nest(dims, body, par), par))
+    cg.numba_type(node.input_types[0].dtype, node.path, "reduce")
     shape = node.input_types[0].shape
-    space_shape = tuple(((1,) + shape)[k] if lead else shape[k] for k in space)
+    position = node.input_types[0].axes.index(node.attributes["axis"])
+    outer, k, inner = math.prod(shape[:position]), shape[position], math.prod(shape[position + 1:])
+    parallel = outer * k * inner >= PARALLEL_MIN_WORK
+    kernel = _cpu_kernel(parallel)
+    block, ntask = INNER_BLOCK, 1
+    if parallel:
+        import numba
+
+        threads = numba.get_num_threads()
+        if inner > 1 and outer * -(-inner // block) < threads:  # smaller tiles, one per thread
+            block = max(MIN_INNER_BLOCK, -(-inner // -(-threads // outer)))
+        units = -(-outer // SIDE_BY_SIDE_ROWS) if inner == 1 else outer * -(-inner // block)
+        ntask = max(1, min(units, threads * TASKS_PER_THREAD))
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
-        v = cg.contiguous(inputs[0])
-        if lead:
-            v, o = v.reshape((1,) + shape), out.reshape((1,))
-        else:
-            o = out
-        kernel([v, o], space_shape)
+        x = cg.contiguous(inputs[0])
+        kernel(x.reshape(-1), out.reshape(-1), outer, k, inner, block, ntask)
     return run
 
 

@@ -156,6 +156,32 @@ def test_cpu_matches_reference_hypothesis(seed, order, extents, axis, strided):
                                    rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+@settings(deadline=None, max_examples=12)
+@given(seed=st.integers(0, 2**16), extents=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+       data=st.data(), dtype=st.sampled_from(["float32", "float64", "int64"]))
+def test_cpu_reduce_is_bitwise_the_sequential_sum(parallel, seed, extents, data, dtype):
+    """The cpu kernel sums several rows side by side (8 at a time when the reduced axis is
+    innermost, tiles of accumulators otherwise), in tasks on several threads: every output
+    element must still be the same additions in index order as the reference, bit for bit."""
+    import atoms.reduce as reduce_module
+
+    axes = "ABCD"[:len(extents)]
+    axis = data.draw(st.sampled_from(axes))
+    rng = np.random.default_rng(seed)
+    t = T(axes, extents, dtype)
+    x = (rng.standard_normal(t.shape) * 1e3).astype(dtype) if dtype != "int64" else \
+        rng.integers(-2**62, 2**62, t.shape, dtype=np.int64)  # wraps around, as specified
+    attributes = {"axis": axis, **SUM}
+    with np.errstate(over="ignore"):
+        want = run("reduce", attributes, [t], [x])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reduce_module, "PARALLEL_MIN_WORK", 0 if parallel else 1 << 62)
+        mp.setattr(reduce_module, "MIN_INNER_BLOCK", 3)  # tiles split inside short rows too
+        got = run("reduce", attributes, [t], [x], "cpu")
+    np.testing.assert_array_equal(got, want)
+
+
 @settings(deadline=None, max_examples=25 if real_cuda() else 3)
 @given(seed=st.integers(0, 2**16), order=st.permutations(["A", "B", "C"]),
        extents=st.tuples(*[st.integers(2, 60 if real_cuda() else 3)] * 3),
