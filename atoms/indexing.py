@@ -15,11 +15,10 @@ values at different positions of the other axes are allowed (they address differ
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import attrs
 import numpy as np
-from numba import prange
 
 from runtime.atomspec import AtomSpec, InferContext, Node
 from runtime.errors import fail
@@ -27,8 +26,8 @@ from runtime.layout import align_to
 from runtime.types import TensorType
 
 from ._refs import refs_for
-from .layout import (BITS, _i64, _itemsize, c_strides, coalesce, copy_row, device_bits, flat_view,
-                     out_bits)
+from . import _copy
+from .layout import _i64, _itemsize, c_strides, coalesce, device_bits, flat_view, out_bits
 
 
 # --- infer -----------------------------------------------------------------------------------
@@ -220,82 +219,13 @@ def _prepare(m: IndexedMove):
 
 # --- cpu -------------------------------------------------------------------------------------------
 
-def _indexed_copy(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape):
-    """Copy every element of ``shape`` (strided in src, idx, dst) with the index read at idx
-    displacing src by ``v·sax`` and dst by ``v·dax``; returns how many indices were out of
-    range (those elements are skipped). Rows (all axes but the last) run in prange; when the
-    index is constant along the last axis (lookup/gather of rows) it is read and checked once
-    per row and a unit-stride row is one memcpy."""
-    rank = shape.shape[0]
-    inner, si, ii, di = shape[rank - 1], sstr[rank - 1], istr[rank - 1], dstr[rank - 1]
-    rows = 1
-    for k in range(rank - 1):
-        rows *= shape[k]
-    bad = 0
-    for r in prange(rows):
-        s, x, d, rem = soff, ioff, doff, np.int64(r)  # a prange index may be unsigned
-        for k in range(rank - 2, -1, -1):
-            q = rem // shape[k]
-            i = rem - q * shape[k]
-            rem = q
-            s += i * sstr[k]
-            x += i * istr[k]
-            d += i * dstr[k]
-        if ii == 0:
-            v = idx[x]
-            if v < 0 or v >= bound:
-                bad += inner
-            else:
-                s += v * sax
-                d += v * dax
-                if si == 1 and di == 1:
-                    copy_row(src, s, dst, d, inner)
-                else:
-                    for j in range(inner):
-                        dst[d + j * di] = src[s + j * si]
-        else:
-            for j in range(inner):
-                v = idx[x + j * ii]
-                if v < 0 or v >= bound:
-                    bad += 1
-                else:
-                    dst[d + j * di + v * dax] = src[s + j * si + v * sax]
-    return bad
-
-
-# Below this many elements one thread copies (waking the others costs more than it saves).
-PARALLEL_MIN_ELEMENTS = 1 << 16
-
-_CPU_INDEXED: dict[tuple[int, bool], Callable] = {}
-
-
-def cpu_indexed_kernel(itemsize: int, parallel: bool = False):
-    kernel = _CPU_INDEXED.get((itemsize, parallel))
-    if kernel is None:
-        from numba import njit, types
-
-        from runtime.codegen import configure_numba_cache
-
-        configure_numba_cache()
-        bits = getattr(types, np.dtype(BITS[itemsize]).name)
-        i64, n = types.Array(types.int64, 1, "C"), types.int64
-        sig = types.int64(types.Array(bits, 1, "C", readonly=True, aligned=False), n, i64, n,
-                          types.Array(types.int64, 1, "C", readonly=True, aligned=False), n, i64, n,
-                          types.Array(bits, 1, "C", aligned=False), n, i64, n, i64)
-        kernel = njit(sig, cache=True, nogil=True, parallel=parallel)(_indexed_copy)
-        _CPU_INDEXED[(itemsize, parallel)] = kernel
-    return kernel
-
-
 def _cpu(node: Node):
-    from .layout import cpu_copy_kernel
-
     name = node.atom.name
     src_k, idx_k, base_k = OPERANDS[name]
     item = _itemsize(node.output_type)
-    moved = math.prod(node.input_types[src_k].shape if name == "scatter" else node.output_type.shape)
-    kernel = cpu_indexed_kernel(item, parallel=moved >= PARALLEL_MIN_ELEMENTS)
-    copy = cpu_copy_kernel(item) if base_k is not None else None
+    space = node.input_types[src_k].shape if name == "scatter" else node.output_type.shape
+    parallel, ntask = _copy.tasks(space or (1,), math.prod(space))
+    kernel = _copy.kernel("indexed", item, parallel)
     prepared: dict[tuple, tuple] = {}
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
@@ -309,11 +239,13 @@ def _cpu(node: Node):
             args = prepared[key] = (_i64(sstr), m.sax, _i64(istr), m.bound, _i64(dstr), m.dax, _i64(shape))
         sstr, sax, istr, bound, dstr, dax, shape = args
         dst = out_bits(out)
-        if copy is not None:
+        if base_k is not None:
             base, boff, bst = flat_view(inputs[base_k])
             bshape, (bs, bd) = coalesce(node.output_type.shape, bst, c_strides(node.output_type.shape))
-            copy(base, boff, _i64(bs), dst, 0, _i64(bd), _i64(bshape))
-        bad = kernel(src, soff, sstr, sax, idx.view(np.int64), ioff, istr, bound, dst, 0, dstr, dax, shape)
+            copy_parallel, copy_tasks = _copy.tasks(bshape, math.prod(bshape))
+            _copy.kernel("strided", item, copy_parallel)(base, boff, _i64(bs), dst, 0, _i64(bd), _i64(bshape),
+                                                          copy_tasks)
+        bad = kernel(src, soff, sstr, sax, idx.view(np.int64), ioff, istr, bound, dst, 0, dstr, dax, shape, ntask)
         if bad:  # only reachable when check_values was skipped: re-run it for the precise error
             CHECKS[name](node, [inputs[k] if k == idx_k else None for k in range(len(inputs))])
     return run

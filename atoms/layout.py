@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
-from numba import njit
 
 from runtime.atomspec import AtomSpec, InferContext, Node
 from runtime.errors import fail
 from runtime.layout import align_to
 from runtime.types import NAME_RE, Size, TensorType
 
+from . import _copy
 from ._refs import refs_for
 
 BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -257,56 +257,6 @@ def flat_view(x: np.ndarray) -> tuple[np.ndarray, int, tuple[int, ...]]:
     return flat.view(BITS[item]), origin, strides
 
 
-@njit(inline="always", nogil=True)
-def copy_row(src, s, dst, d, n):
-    """``dst[d:d+n] = src[s:s+n]`` for non-negative offsets. Unsigned indices skip Numba's
-    negative-index wraparound, so LLVM makes it a memcpy (4x faster than signed ones here)."""
-    us, ud = np.uint64(s), np.uint64(d)
-    for j in range(np.uint64(n)):
-        dst[ud + j] = src[us + j]
-
-
-def _strided_copy(src, soff, sstr, dst, doff, dstr, shape):
-    rank = shape.shape[0]
-    inner, si, di = shape[rank - 1], sstr[rank - 1], dstr[rank - 1]
-    rows = 1
-    for k in range(rank - 1):
-        rows *= shape[k]
-    for r in range(rows):
-        s, d, rem = soff, doff, r
-        for k in range(rank - 2, -1, -1):
-            q = rem // shape[k]
-            i = rem - q * shape[k]
-            rem = q
-            s += i * sstr[k]
-            d += i * dstr[k]
-        if si == 1 and di == 1:
-            copy_row(src, s, dst, d, inner)
-        else:
-            for j in range(inner):
-                dst[d + j * di] = src[s + j * si]
-
-
-_CPU_COPY: dict[int, Callable] = {}
-
-
-def cpu_copy_kernel(itemsize: int):
-    """The njit strided copy for one item size, compiled (or loaded from cache) on first use."""
-    kernel = _CPU_COPY.get(itemsize)
-    if kernel is None:
-        from numba import njit, types
-
-        from runtime.codegen import configure_numba_cache
-
-        configure_numba_cache()
-        bits = getattr(types, np.dtype(BITS[itemsize]).name)
-        i64 = types.Array(types.int64, 1, "C")
-        sig = types.void(types.Array(bits, 1, "C", readonly=True, aligned=False), types.int64, i64,
-                         types.Array(bits, 1, "C", aligned=False), types.int64, i64, i64)
-        kernel = _CPU_COPY[itemsize] = njit(sig, cache=True, nogil=True)(_strided_copy)
-    return kernel
-
-
 def out_bits(out) -> object:
     """The output buffer as a flat bits array (host or device; ``out`` is C-contiguous)."""
     return out.reshape((max(1, math.prod(out.shape)),)).view(BITS[out.dtype.itemsize])
@@ -319,7 +269,7 @@ def _i64(v: Sequence[int]) -> np.ndarray:
 def mover_cpu(make_moves: Callable[[Node, Sequence[tuple[int, ...]]], list[Move]]):
     """A cpu kernel factory running ``make_moves`` with the operands' actual strides."""
     def factory(node: Node):
-        kernel = cpu_copy_kernel(_itemsize(node.output_type))
+        item = _itemsize(node.output_type)
         prepared: dict[tuple, list] = {}  # operand strides -> ready kernel arguments
 
         def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
@@ -330,12 +280,14 @@ def mover_cpu(make_moves: Callable[[Node, Sequence[tuple[int, ...]]], list[Move]
                 calls = []
                 for m in make_moves(node, key):
                     shape, (sstr, dstr) = coalesce(m.shape, m.sstr, m.dstr)
-                    calls.append((m.src, m.soff, _i64(sstr), m.doff, _i64(dstr), _i64(shape)))
+                    parallel, ntask = _copy.tasks(shape, math.prod(shape))
+                    calls.append((_copy.kernel("strided", item, parallel), m.src, m.soff, _i64(sstr), m.doff,
+                                  _i64(dstr), _i64(shape), ntask))
                 prepared[key] = calls
             dst = out_bits(out)
-            for src, soff, sstr, doff, dstr, shape in calls:
+            for kernel, src, soff, sstr, doff, dstr, shape, ntask in calls:
                 flat, origin, _ = views[src]
-                kernel(flat, origin + soff, sstr, dst, doff, dstr, shape)
+                kernel(flat, origin + soff, sstr, dst, doff, dstr, shape, ntask)
         return run
     return factory
 

@@ -284,15 +284,15 @@ def test_cuda_matches_reference(data):
 def test_cpu_parallel_kernel_matches_reference(data):
     from unittest import mock
 
-    import atoms.indexing as indexing
+    import atoms._copy as copy
 
-    with mock.patch.object(indexing, "PARALLEL_MIN_ELEMENTS", 1):  # every case on the prange kernel
+    with mock.patch.object(copy, "PARALLEL_MIN_ELEMENTS", 1):  # every case on the prange kernel
         _check(data, "cpu", ("float32", "float64", "boolean"))
 
 
 @pytest.mark.parametrize("layout", ["c", "table transposed"])
 def test_large_lookup_gather_scatter_take_the_row_copy_and_parallel_paths(layout):
-    from atoms.indexing import PARALLEL_MIN_ELEMENTS
+    from atoms._copy import PARALLEL_MIN_ELEMENTS
 
     rng = np.random.default_rng(3)
     table = rng.standard_normal((300, 512)).astype(np.float32)

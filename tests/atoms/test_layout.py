@@ -326,6 +326,19 @@ def test_cpu_matches_reference(data):
     _check_against_reference(data, "cpu")
 
 
+@settings(deadline=None, max_examples=60)
+@given(st.data())
+def test_cpu_parallel_copy_matches_reference(data):
+    """Every case on the parallel kernel: tasks of consecutive rows, each finding its first
+    row's offsets by division and stepping on from there."""
+    from unittest import mock
+
+    import atoms._copy as copy
+
+    with mock.patch.object(copy, "PARALLEL_MIN_ELEMENTS", 1):
+        _check_against_reference(data, "cpu")
+
+
 @settings(deadline=None, max_examples=12)
 @given(st.data())
 def test_cuda_matches_reference(data):

@@ -1,0 +1,203 @@
+"""CPU kernels that move raw bits for the layout and indexing families.
+
+Two copies, each over an iteration space whose last axis is a row: the strided copy
+``dst[Σ i·dstr] = src[Σ i·sstr]`` (layout atoms) and the index-driven one, which displaces
+the source or the destination by ``v·ax`` for an index ``v`` read from ``idx`` (gather,
+lookup, scatter). A call is cut into tasks of consecutive rows; a task finds its first row's
+offsets by division once and then steps from row to row like an odometer (a division per row
+cost more than copying a 256-byte row). A unit-stride row is one ``memcpy``.
+
+Each comes as a serial and a parallel kernel, two distinct functions: Numba's disk cache
+tells functions apart by name and line, not by their ``parallel`` flag, so one function
+compiled both ways would load one variant's machine code for the other. Both are compiled
+once per item size (elements move as uint8/16/32/64), on first use.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+from numba import njit, prange
+
+# Below this many elements a copy runs on one thread (waking the other costs more than it
+# saves); above it, ROW_TASKS_PER_THREAD tasks per thread.
+PARALLEL_MIN_ELEMENTS = int(os.environ.get("FORMULA_COPY_PARALLEL_MIN", 1 << 16))
+ROW_TASKS_PER_THREAD = 4
+
+
+@njit(inline="always", nogil=True)
+def copy_row(src, s, dst, d, n):
+    """``dst[d:d+n] = src[s:s+n]`` for non-negative offsets. Unsigned indices skip Numba's
+    negative-index wraparound, so LLVM makes it a memcpy (4x faster than signed ones here)."""
+    us, ud = np.uint64(s), np.uint64(d)
+    for j in range(np.uint64(n)):
+        dst[ud + j] = src[us + j]
+
+
+def _rows(shape) -> int:
+    rows = 1
+    for k in range(shape.shape[0] - 1):
+        rows *= shape[k]
+    return rows
+
+
+def _strided_rows(src, soff, sstr, dst, doff, dstr, shape, r0, r1):
+    """Rows ``[r0, r1)`` of the strided copy."""
+    rank = shape.shape[0]
+    inner, si, di = shape[rank - 1], sstr[rank - 1], dstr[rank - 1]
+    at = np.zeros(rank, np.int64)  # the row's index (all axes but the last)
+    s, d, rem = soff, doff, r0
+    for k in range(rank - 2, -1, -1):
+        q = rem // shape[k]
+        at[k] = rem - q * shape[k]
+        rem = q
+        s += at[k] * sstr[k]
+        d += at[k] * dstr[k]
+    for _ in range(r0, r1):
+        if si == 1 and di == 1:
+            copy_row(src, s, dst, d, inner)
+        else:
+            for j in range(inner):
+                dst[d + j * di] = src[s + j * si]
+        k = rank - 2
+        while k >= 0:  # the next row
+            at[k] += 1
+            s += sstr[k]
+            d += dstr[k]
+            if at[k] < shape[k]:
+                break
+            at[k] = 0
+            s -= shape[k] * sstr[k]
+            d -= shape[k] * dstr[k]
+            k -= 1
+
+
+def _indexed_rows(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape, r0, r1):
+    """Rows ``[r0, r1)`` of the index-driven copy; returns how many indices were out of range
+    (those elements are skipped). When the index is constant along the row (lookup or gather
+    of rows) it is read and checked once per row."""
+    rank = shape.shape[0]
+    inner, si, ii, di = shape[rank - 1], sstr[rank - 1], istr[rank - 1], dstr[rank - 1]
+    at = np.zeros(rank, np.int64)
+    s, x, d, rem = soff, ioff, doff, r0
+    for k in range(rank - 2, -1, -1):
+        q = rem // shape[k]
+        at[k] = rem - q * shape[k]
+        rem = q
+        s += at[k] * sstr[k]
+        x += at[k] * istr[k]
+        d += at[k] * dstr[k]
+    bad = 0
+    for _ in range(r0, r1):
+        if ii == 0:
+            v = idx[x]
+            if v < 0 or v >= bound:
+                bad += inner
+            elif si == 1 and di == 1:
+                copy_row(src, s + v * sax, dst, d + v * dax, inner)
+            else:
+                for j in range(inner):
+                    dst[d + v * dax + j * di] = src[s + v * sax + j * si]
+        else:
+            for j in range(inner):
+                v = idx[x + j * ii]
+                if v < 0 or v >= bound:
+                    bad += 1
+                else:
+                    dst[d + j * di + v * dax] = src[s + j * si + v * sax]
+        k = rank - 2
+        while k >= 0:
+            at[k] += 1
+            s += sstr[k]
+            x += istr[k]
+            d += dstr[k]
+            if at[k] < shape[k]:
+                break
+            at[k] = 0
+            s -= shape[k] * sstr[k]
+            x -= shape[k] * istr[k]
+            d -= shape[k] * dstr[k]
+            k -= 1
+    return bad
+
+
+def _strided_serial(src, soff, sstr, dst, doff, dstr, shape, ntask):
+    _strided_rows_jit(src, soff, sstr, dst, doff, dstr, shape, 0, _rows_jit(shape))
+
+
+def _strided_parallel(src, soff, sstr, dst, doff, dstr, shape, ntask):
+    rows = _rows_jit(shape)
+    for w in prange(ntask):
+        t = np.int64(w)  # (a prange index may be unsigned)
+        _strided_rows_jit(src, soff, sstr, dst, doff, dstr, shape, t * rows // ntask, (t + 1) * rows // ntask)
+
+
+def _indexed_serial(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape, ntask):
+    return _indexed_rows_jit(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape,
+                             0, _rows_jit(shape))
+
+
+def _indexed_parallel(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape, ntask):
+    rows = _rows_jit(shape)
+    bad = np.zeros(ntask, np.int64)
+    for w in prange(ntask):
+        t = np.int64(w)
+        bad[t] = _indexed_rows_jit(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape,
+                                   t * rows // ntask, (t + 1) * rows // ntask)
+    return bad.sum()
+
+
+# The row functions compiled: globals the kernels resolve when they are compiled.
+_rows_jit = _strided_rows_jit = _indexed_rows_jit = None
+_KERNELS: dict[tuple[str, int, bool], Callable] = {}
+_BITS = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
+
+
+def _compile(kind: str, itemsize: int, parallel: bool) -> Callable:
+    global _rows_jit, _strided_rows_jit, _indexed_rows_jit
+    from numba import types
+
+    from runtime.codegen import configure_numba_cache
+
+    configure_numba_cache()
+    if _rows_jit is None:
+        options = dict(cache=True, nogil=True)
+        _rows_jit = njit(**options)(_rows)
+        _strided_rows_jit = njit(**options)(_strided_rows)
+        _indexed_rows_jit = njit(**options)(_indexed_rows)
+    bits = getattr(types, _BITS[itemsize])
+    i64, n = types.Array(types.int64, 1, "C"), types.int64
+    source = types.Array(bits, 1, "C", readonly=True, aligned=False)
+    target = types.Array(bits, 1, "C", aligned=False)
+    if kind == "strided":
+        sig = types.void(source, n, i64, target, n, i64, i64, n)
+        py = _strided_parallel if parallel else _strided_serial
+    else:
+        indices = types.Array(types.int64, 1, "C", readonly=True, aligned=False)
+        sig = types.int64(source, n, i64, n, indices, n, i64, n, target, n, i64, n, i64, n)
+        py = _indexed_parallel if parallel else _indexed_serial
+    return njit(sig, cache=True, nogil=True, parallel=parallel)(py)
+
+
+def kernel(kind: str, itemsize: int, parallel: bool) -> Callable:
+    """The ``"strided"`` or ``"indexed"`` copy for one item size; its last argument is the
+    number of tasks (see :func:`tasks`)."""
+    key = (kind, itemsize, parallel)
+    found = _KERNELS.get(key)
+    if found is None:
+        found = _KERNELS[key] = _compile(kind, itemsize, parallel)
+    return found
+
+
+def tasks(shape, elements: int) -> tuple[bool, int]:
+    """(parallel, number of tasks) for a copy of ``elements`` over ``shape`` (its last axis
+    the row)."""
+    rows = 1
+    for n in shape[:-1]:
+        rows *= n
+    if elements < PARALLEL_MIN_ELEMENTS or rows < 2:
+        return False, 1
+    import numba
+
+    return True, min(rows, numba.get_num_threads() * ROW_TASKS_PER_THREAD)
