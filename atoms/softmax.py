@@ -135,6 +135,7 @@ def _cpu(node: Node):
         label, args, cg.loop_nest([f"lg.shape[{k}]" for k in space], body, par), par))
     shape = ((1,) if lead else ()) + lt.shape
     space_shape = tuple(shape[k] for k in space)
+    work = lt.elements
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         logits, mask = inputs
@@ -142,7 +143,7 @@ def _cpu(node: Node):
         lg = cg.contiguous(logits)
         if lead:
             lg, m, out = lg.reshape(shape), m.reshape((1,) + m.shape), out.reshape(shape)
-        kernel([lg, m, out], space_shape)
+        kernel([lg, m, out], space_shape, work)
     return run
 
 

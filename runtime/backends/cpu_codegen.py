@@ -24,11 +24,14 @@ from ..errors import FormulaError
 from ..fusion import Epilogue
 from ..types import TensorType
 
-# Below this many elements a call runs on one thread. Measured on the 2-core VM: a parallel
-# launch costs 10 µs to several ms (erratic; see PERFORMANCE-FACTS "the trap"), and for
-# memory-bound chains two threads were often slower than one, so parallel is kept for large
-# calls only. Override with FORMULA_CPU_PARALLEL_MIN (elements) to tune on other machines.
-PARALLEL_MIN_ELEMENTS = int(os.environ.get("FORMULA_CPU_PARALLEL_MIN", 1 << 21))
+# Below this many elements of work a call runs on one thread. Side by side on the 2-core VM
+# (session 14, float32, [rows, 1024], serial and parallel calls interleaved): add took 0.059
+# ms either way at 64K elements and 0.093 / 0.090 at 128K, 0.395 / 0.302 at 1M; silu (exp
+# per element) 0.151 / 0.098 at 64K, 2.08 / 1.13 at 1M. (Once OpenBLAS threads spinning next
+# to ours made parallel launches cost up to ms: PERFORMANCE-FACTS "the trap"; the contract's
+# BLAS calls now run with one OpenBLAS thread, atoms._blas.) Override with
+# FORMULA_CPU_PARALLEL_MIN (elements) to tune on other machines.
+PARALLEL_MIN_ELEMENTS = int(os.environ.get("FORMULA_CPU_PARALLEL_MIN", 1 << 16))
 TASKS_PER_THREAD = 4
 MIN_BLOCK = 2048  # inner-axis elements per parallel task when the inner axis is split
 
@@ -118,10 +121,11 @@ class NestKernel:
             self._parallel = load_generated(self._make_source(True), self._prefix + "_par").kernel
         return self._parallel
 
-    def __call__(self, arrays: Sequence[np.ndarray], space: Sequence[int]) -> None:
-        """Run over the index ``space`` (the loop nest's extents)."""
+    def __call__(self, arrays: Sequence[np.ndarray], space: Sequence[int], work: int | None = None) -> None:
+        """Run over the index ``space`` (the loop nest's extents); ``work``: elements read,
+        when each point of the space reads more than one (a softmax row)."""
         n = math.prod(space)
-        if n < PARALLEL_MIN_ELEMENTS:
+        if (n if work is None else work) < PARALLEL_MIN_ELEMENTS:
             self.serial(*arrays, 1)
             return
         import numba

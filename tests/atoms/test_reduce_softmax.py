@@ -199,3 +199,25 @@ def test_cuda_matches_reference_hypothesis(seed, order, extents, axis):
         want = run(name, attributes, types, values)
         np.testing.assert_allclose(run(name, attributes, types, values, "cuda"), want,
                                    rtol=1e-12, atol=1e-14, err_msg=name)
+
+
+def test_cpu_softmax_goes_parallel_by_elements_read_not_rows(monkeypatch):
+    """A softmax point reads a whole row: 4 rows of 300 are 1200 elements of work."""
+    from runtime.backends import cpu_codegen as cg
+
+    used = []
+    plain = cg.NestKernel.parallel
+
+    def spy(self):
+        used.append(self._prefix)
+        return plain(self)
+    monkeypatch.setattr(cg.NestKernel, "parallel", spy)
+    monkeypatch.setattr(cg, "PARALLEL_MIN_ELEMENTS", 1000)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 300)).astype(np.float32)
+    m = rng.random((4, 300)) < 0.7
+    types = [T("AD", [4, 300]), T("AD", [4, 300], "boolean")]
+    attributes = {"axis": "D", "accumulation_dtype": "float32"}
+    got = run("masked-softmax", attributes, types, [x, m], "cpu")
+    assert used == ["softmax"]
+    np.testing.assert_allclose(got, run("masked-softmax", attributes, types, [x, m]), rtol=1e-5, atol=1e-7)
