@@ -225,6 +225,9 @@ class Executable:
                  "atoms": [n.atom.ref for n in group.nodes], "backend": backend}
         epilogue = group.epilogue
         if group.anchor is None:
+            if self.backend.chain_counts_nonfinite:
+                checked = tuple(k for k, slot in enumerate(epilogue.extra_slots) if slot in unclaimed)
+                epilogue = attrs.evolve(epilogue, checked=checked)
             run, kind, inputs = self.backend.elementwise_kernel(epilogue, group.output_type), "chain", ()
         else:
             anchor = group.anchor
@@ -373,10 +376,11 @@ class Executable:
             else:
                 extras = [align(values[s]) for s, align in zip(launch.extras, launch.aligners)]
                 if launch.kind == "anchor":
-                    if launch.run([values[s] for s in launch.inputs], extras, out):  # non-finite read
-                        self._binder.check_finite(bound, launch.counts_nonfinite, *raw)
+                    found = launch.run([values[s] for s in launch.inputs], extras, out)
                 else:
-                    launch.run(extras, out)
+                    found = launch.run(extras, out)
+                if found:  # non-finite values read
+                    self._binder.check_finite(bound, launch.counts_nonfinite, *raw)
             if records is not None:
                 backend.synchronize()
                 records.append({**launch.label, "output": launch.output,

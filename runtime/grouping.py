@@ -79,7 +79,15 @@ def make_groups(nodes: Sequence[Node], outputs: Sequence[str], backend: str, fus
             group = _as_chain(group.anchor)  # a lone elementwise node becomes a chain's first step
         groups[gi] = _extend(group, node, k, op)
         by_output[node.output_slot] = gi
+    if fuse:  # a lone elementwise node runs as a one-step chain: the backend's chain kernel
+        groups = [_as_chain(g.anchor) if _lone_elementwise(g, backend) else g for g in groups]
     return sorted(groups, key=lambda g: g.position)
+
+
+def _lone_elementwise(group: Group, backend: str) -> bool:
+    anchor = group.anchor
+    return anchor is not None and group.epilogue.empty and backend not in anchor.atom.anchors \
+        and _scalar_op(anchor) is not None
 
 
 def _scalar_op(node: Node) -> ScalarOp | None:

@@ -177,19 +177,27 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
 
 
 def _inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read) -> str | None:
-    """The operand whose buffer the group's output may reuse (TFLite's in-place rule): the
-    anchor allows it, the operand is a temporary whose last reader is this group, same size.
-    Fused groups do not reuse (their kernels read extras while they write)."""
-    node = g.anchor
-    if node is None or not g.epilogue.empty or node.atom.inplace is None:
-        return None
-    if not 0 <= node.atom.inplace < len(node.input_slots):
-        return None
-    slot = node.input_slots[node.atom.inplace]
-    b = buffers.get(slot)
-    if b is None or b.kind != "temporary" or last_read.get(slot) != gi:
-        return None
-    return slot if b.nbytes == buffers[g.output_slot].nbytes else None
+    """The operand whose buffer the group's output may reuse (TFLite's in-place rule): a
+    temporary whose last reader is this group, of the output's size, that the kernel reads
+    at each output index before writing it there. A lone node's atom names that operand
+    (``inplace``); in a fused group it is any epilogue operand of the output's very axes and
+    extents, since an epilogue reads its operands element by element at the output's index
+    (the anchor's own operands are read across the output, never reused)."""
+    if g.epilogue.empty:
+        node = g.anchor
+        if node is None or node.atom.inplace is None or not 0 <= node.atom.inplace < len(node.input_slots):
+            return None
+        candidates = [node.input_slots[node.atom.inplace]]
+    else:
+        out = g.output_type
+        candidates = [s for s, t in zip(g.epilogue.extra_slots, g.epilogue.extra_types)
+                      if t.axes == out.axes and t.shape == out.shape]
+    for slot in candidates:
+        b = buffers.get(slot)
+        if b is not None and b.kind == "temporary" and last_read.get(slot) == gi \
+                and b.nbytes == buffers[g.output_slot].nbytes:
+            return slot
+    return None
 
 
 def _slot_path(slot: str, slot_index: Mapping[str, int]) -> str:

@@ -296,3 +296,51 @@ def test_a_finite_overflow_in_the_outputs_is_no_error():
     for _ in range(3):
         got = exe.run(inputs={**inputs, "x": x}, banks=banks)["%4"]
     assert not np.isfinite(got[0, 5]).all() and np.isfinite(np.delete(got[0], 5, axis=0)).all()
+
+
+@pytest.mark.parametrize("rows", [4, 300])  # one thread, and blocks on several (>= 64K elements)
+def test_finiteness_of_a_chain_operand_is_checked_by_the_chain_kernel(rows):
+    b = ProgramBuilder()
+    a, c = b.input("a", {"T": "T", "D": 256}), b.input("c", {"T": "T", "D": 256})
+    f = b.input("f", {"D": 256})  # broadcast over T: read at every row
+    y = b.op("scale", [b.op("add", [a, c], {"accumulation_dtype": "float32"}), f],
+             {"factor_axes": ["D"], "accumulation_dtype": "float32"})
+    exe = runtime.compile(b.build(outputs=[y]), "cpu")
+    rng = np.random.default_rng(0)
+    inputs = {"a": rng.standard_normal((rows, 256), dtype=np.float32),
+              "c": rng.standard_normal((rows, 256), dtype=np.float32),
+              "f": rng.standard_normal(256, dtype=np.float32)}
+    want = (inputs["a"] + inputs["c"]) * inputs["f"]
+    for _ in range(3):  # the second run arms the fast path, the third defers the check
+        np.testing.assert_array_equal(exe.run(inputs=inputs)[y], want)
+    compiled = next(iter(exe._plans.values()))
+    assert compiled.deferred_finite == {"a", "c", "f"} and len(compiled.launches) == 1
+    assert set(exe.run(inputs=inputs, trace=True).trace[0]["checks_finite"]) == {"a", "c", "f"}
+    for name, where in (("a", (0, 0)), ("c", (rows - 1, 255)), ("f", (200,)), ("a", (rows // 2, 7))):
+        bad = inputs[name].copy()
+        bad[where] = np.nan if where[-1] % 2 else -np.inf
+        with pytest.raises(runtime.FormulaError) as err:
+            exe.run(inputs={**inputs, name: bad})
+        assert (err.value.code, err.value.path) == ("nonfinite", f"$.inputs.{name}")
+        assert str(list(where)) in err.value.message
+        sentinel = np.full((rows, 256), 7.0, np.float32)
+        with pytest.raises(runtime.FormulaError):  # with out=, checked before any kernel
+            exe.run(inputs={**inputs, name: bad}, out={y: sentinel})
+        np.testing.assert_array_equal(sentinel, 7.0)
+    np.testing.assert_array_equal(exe.run(inputs=inputs)[y], want)
+
+
+@pytest.mark.parametrize("rows", [3, 300])  # one thread, and blocks on several
+def test_a_chain_writing_in_place_of_its_operand_computes_what_the_reference_does(rows):
+    b = ProgramBuilder()
+    x, y = b.input("x", {"D": 256, "T": "T"}), b.input("y", {"T": "T", "D": 256})
+    u = b.op("permute", [x], {"output_axes": ["T", "D"]})  # a temporary the chain reads last
+    v = b.op("add", [b.op("scalar-map", [u], {"mode": "tanh"}), y], {"accumulation_dtype": "float32"})
+    w = b.op("reduce", [v], {"axis": "D", "mode": "sum", "accumulation_dtype": "float32"})
+    program = b.build(outputs=[w])
+    rng = np.random.default_rng(1)
+    inputs = {"x": rng.standard_normal((256, rows), dtype=np.float32),
+              "y": rng.standard_normal((rows, 256), dtype=np.float32)}
+    plan = runtime.compile(program, "cpu").plan({"T": rows})
+    assert plan.buffers[v].alias_of == u and plan.arena_bytes == plan.buffers[u].nbytes
+    assert_backends_agree(program, inputs)

@@ -229,14 +229,28 @@ def test_no_in_place_over_a_binding_or_a_different_size():
     assert all(b.alias_of is None for b in plan.buffers.values())
 
 
-def test_fused_groups_do_not_reuse_in_place():
+def test_fused_groups_reuse_an_epilogue_operand_of_the_output_shape_in_place():
+    """An epilogue reads each operand at the output's own index before writing it there."""
     p = Prog()
     u = p.op(CUMSUM, p.input("x", t(T=3, D=4)))
-    v = p.op(TANH, p.op(TANH, u))
+    v = p.op(TANH, p.op(TANH, u))  # a chain reading u, its last reader
     w = p.op(CUMSUM, v)
     plan = plan_of(p, [w], "cpu")
-    assert plan.groups[1].anchor is None and plan.buffers[v].alias_of is None
-    assert plan.buffers[u].offset != plan.buffers[v].offset  # both live in group 1
+    assert plan.groups[1].anchor is None and plan.buffers[v].alias_of == u
+    assert plan.buffers[u].offset == plan.buffers[v].offset
+    check_invariants(plan, p, [w])
+
+
+def test_an_anchor_operand_is_never_reused_in_place():
+    """A contraction reads its operands across the output: never in place, fused or not."""
+    p = Prog()
+    u = p.op(CUMSUM, p.input("x", t(T=3, D=3)))
+    y = p.op(TANH, p.op(MIX, u, p.input("w", t(E=3, D=3))))  # [T=3, E=3]: u's size, last read here
+    z = p.op(CUMSUM, y)
+    plan = plan_of(p, [z], "cpu")
+    assert plan.groups[1].kind == "anchor+epilogue" and plan.buffers[y].alias_of is None
+    assert plan.buffers[u].offset != plan.buffers[y].offset
+    check_invariants(plan, p, [z])
 
 
 # --- preflight ---

@@ -13,6 +13,10 @@ class Backend:
     name: str = "?"
     fuses: bool = False  # whether the planner should form fused groups for this backend
     device_memory: bool = False  # arrays live on a device: host values are copied in and out
+    # whether ``elementwise_kernel`` honours ``Epilogue.checked``: its run then returns the
+    # count of non-finite values read among those extras (SPEC §4 finiteness of bindings,
+    # fused into the pass that reads them anyway), and the run skips its own pass over them
+    chain_counts_nonfinite: bool = False
 
     def unavailable_reason(self) -> str | None:
         """None when the backend can run here, else why not (no GPU, missing extra...)."""
@@ -46,7 +50,8 @@ class Backend:
     # --- kernels ------------------------------------------------------------------------
     def elementwise_kernel(self, epilogue: Epilogue, out_type: TensorType):
         """A kernel ``run(extras, out)`` computing an anchorless fused elementwise chain,
-        ``extras`` being the epilogue's operands in keepdims form of ``out_type``."""
+        ``extras`` being the epilogue's operands in keepdims form of ``out_type``; it returns
+        the count of non-finite ``checked`` extras' values (see ``chain_counts_nonfinite``)."""
         raise NotImplementedError
 
     def synchronize(self) -> None:

@@ -7,6 +7,7 @@ from .host import HostBackend
 class CpuBackend(HostBackend):
     name = "cpu"
     fuses = True
+    chain_counts_nonfinite = True
 
     def elementwise_kernel(self, epilogue, out_type):
         from .cpu_codegen import elementwise_kernel
