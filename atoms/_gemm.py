@@ -224,7 +224,7 @@ KERNEL_HEAD = ["ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "scan_a", "b
 
 
 def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[Addressing],
-                epilogue: Epilogue, parallel: bool, form: str | None = None) -> str:
+                epilogue: Epilogue, parallel: bool, form: str | None = None, pack_left: bool = False) -> str:
     """``scan_a``: ``a`` is the left operand in C order, scanned for non-finite values tile by
     tile just before BLAS reads the tile (then from cache); ``scan_b``: ``b`` holds the whole
     right operand, scanned once. ``form``: the micro-kernel (``atoms._microgemm``) tiles use
@@ -271,6 +271,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
           f"    for w in {'prange' if parallel else 'range'}(nwork):",
           *(["        nf = 0"] if counting else []),
           f"        scratch = np.empty(tm * n, np.{dt})",
+          *([f"        apk = np.empty({micro.BCAST_MR} * k, np.{dt})"] if form == "bcast" and pack_left else []),
           "        prm = np.empty(8, np.int32)",
           "        prm[0] = n", "        prm[2] = k", "        prm[3] = ldb",
           "        prm[4] = lda", "        prm[5] = n",
@@ -300,7 +301,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
               f"                           pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item},",
               f"                           pprm + 24, psc + {item}, pscr + i * n * {item}, pprm + 28)"]
     if form:
-        L += ["            elif micro:"] + (micro.dot_tile if form == "dot" else micro.bcast_tile)(dt, " " * 16)
+        L += ["            elif micro:"] + (micro.dot_tile(dt, " " * 16) if form == "dot" else micro.bcast_tile(dt, " " * 16, pack_left))
     L += ["            else:",
               f"                {blas}(pch, pch + 1, pprm, pprm + 4, pprm + 8, psc,",
               f"                       pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item}, pprm + 16,",
@@ -408,7 +409,8 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
         f" x{j}={''.join(k[0] for k in ad.kinds)}" for j, ad in enumerate(extra_addr))
     register_blas()
     configure_numba_cache()
-    module = load_generated(_cpu_source(label, dt, out_addr, extra_addr, epilogue, parallel, form), "contract_cpu")
+    pack_left = form == "bcast" and n >= micro.PACK_LEFT_MIN_PANELS * micro.BCAST_NV * simd.lanes(dt)
+    module = load_generated(_cpu_source(label, dt, out_addr, extra_addr, epilogue, parallel, form, pack_left), "contract_cpu")
     kernel = module.kernel
     flatteners = [keepdims_flattener(t, out_type) for t in epilogue.extra_types]
     scan_right = 1 in epilogue.checked_anchor_inputs

@@ -41,6 +41,13 @@ BCAST_WIDE_MIN_ROWS = 256  # x·Aᵀ-like shapes (the dot region) on bcast from 
 DOT_MR, DOT_NR = 4, 2  # 8 accumulators + 2 + 1 registers of 16
 BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
 REMAINDER_MR = 4  # after bcast's full blocks, one block of 4 rows (8 accumulators: full rate)
+# bcast: a block's left rows copied first into one buffer, interleaved (k-major), when the
+# block then runs across at least this many panels. Read straight from the rows, the six
+# broadcasts' addresses were one chain of dependent adds in LLVM's code. Side by side
+# (python bench/ab_seed.py, variant "left rows unpacked"): the seed at T=256 / 1024 / 8192
+# 253.4 -> 250.8 / 946.9 -> 938.5 / 8439 -> 8356 us (10th percentiles); for x · Aᵀ (2 panels)
+# it was slower.
+PACK_LEFT_MIN_PANELS = 16
 
 
 def ops_import(dt: str) -> str:
@@ -193,19 +200,28 @@ def bcast_pack(dt: str, pad: str) -> list[str]:
     return _own(_indent(L, pad))
 
 
-def _bcast_rows(mr: int, lanes: int, dt: str) -> list[str]:
+def _bcast_rows(mr: int, lanes: int, dt: str, pack_left: bool = False) -> list[str]:
     """``mr`` rows: every ``NR``-column block accumulates ``A[row, kk] * bp[kk, j:j + NR]``
     over K, broadcasting A's elements straight from the operand (either layout: ``ks`` is
     its K stride). Unsigned offsets keep Numba's negative-index wraparound out of the loop."""
     R, V = range(mr), range(BCAST_NV)
     nr = BCAST_NV * lanes
     L = [f"pa{r} = np.uint64(ab + (i0 + i + {r}) * rs)" for r in R]
+    if pack_left and mr > 1:  # the block's rows interleaved in apk: element (kk, r) at kk * mr + r
+        L += ["for kk in range(np.uint64(k)):"] + [f"    apk[kk * np.uint64({mr}) + np.uint64({r})] = am[pa{r} + kk * ks]" for r in R]
     L += ["j = 0", f"while j + {nr} <= n:"]
-    body = [f"c{r}_{v} = vzero()" for r in R for v in V] + ["pb = pq + j * k", "for kk in range(np.uint64(k)):"]
+    body = [f"c{r}_{v} = vzero()" for r in R for v in V] + ["pb = pq + j * k"]
+    if pack_left and mr > 1:
+        body += ["pk = np.uint64(0)", "for kk in range(np.uint64(k)):"]
+    else:
+        body += ["for kk in range(np.uint64(k)):"]
     body += [f"    b{v} = vload(bp, pb + {v * lanes})" for v in V]
     for r in R:
-        body += [f"    a{r} = vbcast(am[pa{r} + kk * ks])"] + [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
+        src = f"apk[pk + np.uint64({r})]" if pack_left and mr > 1 else f"am[pa{r} + kk * ks]"
+        body += [f"    a{r} = vbcast({src})"] + [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
     body += [f"    pb += {nr}"]
+    if pack_left and mr > 1:
+        body += [f"    pk += np.uint64({mr})"]
     body += [f"vstore(scratch, (i + {r}) * n + j + {v * lanes}, c{r}_{v})" for r in R for v in V]
     L += _indent(body, "    ") + [f"    j += {nr}", "while j < n:"]
     tail = [f"pc = np.uint64(pq + (j - j % {nr}) * k + j % {nr})"]
@@ -217,12 +233,13 @@ def _bcast_rows(mr: int, lanes: int, dt: str) -> list[str]:
     return L
 
 
-def bcast_tile(dt: str, pad: str) -> list[str]:
-    """``scratch[i, j] = sum_k A[i0 + i, k] bp[k, j]`` for the tile's rows."""
+def bcast_tile(dt: str, pad: str, pack_left: bool = False) -> list[str]:
+    """``scratch[i, j] = sum_k A[i0 + i, k] bp[k, j]`` for the tile's rows; ``pack_left``: each
+    block's rows first copied into the kernel's ``apk`` (see ``PACK_LEFT_MIN_PANELS``)."""
     lanes = simd.lanes(dt)
     L = ["ab = bi * sab", "pq = (bi if sbb != 0 else 0) * k * npad",
          "rs = 1 if ta else lda", "ks = np.uint64(lda if ta else 1)", "i = 0"]
-    L += _row_blocks(BCAST_MR, lambda mr: _bcast_rows(mr, lanes, dt))
+    L += _row_blocks(BCAST_MR, lambda mr: _bcast_rows(mr, lanes, dt, pack_left))
     return _own(_indent(L, pad))
 
 

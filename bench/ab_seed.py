@@ -24,6 +24,9 @@ it is; every other variant switches one mechanism back off:
   read, instead of checked through the tile's sums (``_gemm.CHECK_LEFT_THROUGH_SUMS``);
 - ``remainder rows one by one``: a tile's rows past its last full micro-kernel block
   computed one at a time, with no block of 4 first;
+- ``left rows unpacked``: the ``bcast`` micro-kernel broadcasts a block's left elements
+  straight from its rows, not from the block first copied into one interleaved buffer
+  (``_microgemm.PACK_LEFT_MIN_PANELS``);
 - ``tiles of whole blocks``: row tiles of whole 6-row blocks (at T=256, 132 rows for one
   thread and 124 for the other), not about equal shares (``_gemm.BALANCED_TILES``).
 
@@ -106,6 +109,7 @@ def variants(inputs, banks, only: list[str] | None = None):
               "x scanned first": (lambda: built(inputs, banks, gemm, "CHECK_LEFT_THROUGH_SUMS", False), False),
               "remainder rows one by one": (lambda: built(inputs, banks, micro, "_row_blocks", rows_one_by_one), False),
               "tiles of whole blocks": (lambda: built(inputs, banks, gemm, "BALANCED_TILES", False), False),
+              "left rows unpacked": (lambda: built(inputs, banks, micro, "PACK_LEFT_MIN_PANELS", 1 << 30), False),
               "banks per run": (lambda: built(inputs, banks, resident=False), False),
               "kernel by kernel": (by_kernel, False)}
     unknown = set(only or ()) - set(makers)

@@ -400,6 +400,17 @@ def test_cpu_micro_kernels_match_reference(monkeypatch, dtype, form, pairs, out,
     close(got, want, _gemm.lower(lt, rt, pairs).dims[3], np.dtype(dtype).type)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("form, pairs, out, lt, rt", [c for c in MICRO_CASES if c[0] == "bcast"])
+def test_cpu_bcast_with_packed_left_rows_matches_reference(monkeypatch, dtype, form, pairs, out, lt, rt):
+    """Every bcast block's left rows copied first into one interleaved buffer (the seed's
+    h · Bᵀ does so: it has 64 panels), whatever the panel count."""
+    from atoms import _microgemm as micro
+
+    monkeypatch.setattr(micro, "PACK_LEFT_MIN_PANELS", 0)
+    test_cpu_micro_kernels_match_reference(monkeypatch, dtype, form, pairs, out, lt, rt)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layout=layouts(), seed=st.integers(0, 2**16), form=st.sampled_from(["dot", "bcast"]))
 def test_cpu_micro_kernels_any_layout(layout, seed, form):
