@@ -357,15 +357,59 @@ class Binder:
 
     def bind(self, inputs: Any, banks: Any) -> BoundValues:
         resident = banks if isinstance(banks, ResidentBanks) else None
-        got = self._key(inputs, banks, resident) if self._eligible or resident is not None else None
-        if got is not None:
-            fast = self._fast(*got, resident)
+        if not (self._eligible or resident is not None):
+            return bind_values(self.program, inputs, banks)
+        values = self._values_as_last(inputs, banks, resident)
+        if values is not None:
+            fast = self._fast(values, resident)
+            if fast is not None:
+                return fast
+        got = self._key(inputs, banks, resident)
+        if got is not None and self._last is not None and got[0] == self._last[0]:
+            fast = self._fast(got[1], resident)  # (equal dtypes that are distinct objects)
             if fast is not None:
                 return fast
         bound = bind_values(self.program, inputs, banks)
         if got is not None:
             self._last = (got[0], bound, [None, ()])
         return bound
+
+    def _values_as_last(self, inputs: Any, banks: Any, resident: ResidentBanks | None) -> list | None:
+        """The values in binding order when they have the last structure, compared as
+        :meth:`_key` would build it but without building it (the dtypes by identity: arrays
+        of a builtin dtype share its one descriptor); None when anything differs."""
+        last = self._last
+        if last is None:
+            return None
+        key = last[0]
+        if resident is not None:
+            if resident.signature is not self.program.bank_signature or key[-1] is not resident.structure:
+                return None
+            banks = resident.owned
+        elif key[-1] is not None:
+            return None
+        elif banks is None:
+            banks = {}
+        elif type(banks) is not dict:
+            return None
+        if type(inputs) is not dict or (len(inputs), len(banks)) != self._counts:
+            return None
+        values, position = [], 0
+        for name, is_input, _ in self._order:
+            if not is_input and resident is not None:
+                values.append(banks[name])
+                continue
+            v = (inputs if is_input else banks).get(name)
+            if type(v) is not np.ndarray:
+                if not isinstance(v, np.generic):
+                    return None
+                v = np.asarray(v)
+            dtype, shape = key[position]
+            position += 1
+            if v.dtype is not dtype or v.shape != shape:
+                return None
+            values.append(v)
+        return values
 
     def _key(self, inputs: Any, banks: Any, resident: ResidentBanks | None):
         """(structure key, values in binding order), or None when the fast path cannot apply.
@@ -399,14 +443,13 @@ class Binder:
         key.append(resident.structure if resident is not None else None)
         return tuple(key), values
 
-    def _fast(self, key: tuple, values: list, resident: ResidentBanks | None) -> BoundValues | None:
+    def _fast(self, values: list, resident: ResidentBanks | None) -> BoundValues | None:
+        """The bound values of a run with the last structure: only finiteness to check."""
         last = self._last
-        if last is None or key != last[0]:
-            return None
         known = last[2]
         skip, check = known
         if skip is None:  # asked until the executor has a plan for this structure
-            deferred = self._deferred(key)
+            deferred = self._deferred(last[0])
             skip = frozenset() if deferred is None else deferred
             checked = resident.owned if resident is not None else NO_RESIDENT
             check = tuple(i for i, (name, _, floating) in enumerate(self._order)

@@ -311,3 +311,25 @@ def test_a_warm_binder_checks_each_run_exactly_like_the_full_path(prog):
     again = binder.bind(inputs, banks)
     assert again.dims == first.dims and again.binding_bytes == first.binding_bytes
     assert again.values["x"] is inputs["x"] and list(again.values) == list(first.values)
+
+
+def test_the_fast_path_takes_equal_dtypes_that_are_distinct_objects(prog, monkeypatch):
+    """The last structure is first matched by dtype identity; an equal dtype object that is
+    not the builtin one (here: with metadata) still takes the fast path, through the key."""
+    from runtime import bindings
+    from runtime.bindings import Binder
+
+    full = []
+    plain = bindings.bind_values
+    monkeypatch.setattr(bindings, "bind_values", lambda *a: full.append(1) or plain(*a))
+    binder = Binder(prog)
+    inputs, banks = good(prog)
+    binder.bind(inputs, banks)
+    again = binder.bind(inputs, banks)
+    meta = np.dtype(np.float32, metadata={"origin": "test"})
+    x = inputs["x"].astype(meta)
+    assert x.dtype is not inputs["x"].dtype and x.dtype == inputs["x"].dtype
+    other = binder.bind({**inputs, "x": x}, banks)
+    assert len(full) == 1 and other.structure is again.structure and other.values["x"] is x
+    binder.bind({**inputs, "x": inputs["x"][:1], "idx": inputs["idx"][:1]}, banks)  # B = 1: the full path
+    assert len(full) == 2
