@@ -182,7 +182,12 @@ def _cpu_kernel(parallel: bool):
     return _jitted["parallel" if parallel else "serial"]
 
 
-def _cpu(node: Node):
+def _cpu(node: Node, checked: Sequence[int] = ()):
+    """``checked == (0,)``: ``run`` returns 1 when the value holds a NaN or ±inf, found through
+    the sums: every element is a term of one of them, and a NaN or ±inf term makes its sum NaN
+    or ±inf (an overflowing sum of finite values also counts; the executor then finds the
+    value finite and goes on)."""
+    from runtime import simd
     from runtime.backends import cpu_codegen as cg
 
     _check_device(node, "cpu")
@@ -202,9 +207,15 @@ def _cpu(node: Node):
         units = -(-outer // SIDE_BY_SIDE_ROWS) if inner == 1 else outer * -(-inner // block)
         ntask = max(1, min(units, threads * TASKS_PER_THREAD))
 
-    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+    scan = (simd.nonfinite_f32 if node.input_types[0].dtype == "float32" else simd.nonfinite_f64) \
+        if 0 in checked else None
+    size = outer * inner
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> int:
         x = cg.contiguous(inputs[0])
-        kernel(x.reshape(-1), out.reshape(-1), outer, k, inner, block, ntask)
+        flat = out.reshape(-1)
+        kernel(x.reshape(-1), flat, outer, k, inner, block, ntask)
+        return scan(flat, 0, size) if scan is not None else 0
     return run
 
 
@@ -233,5 +244,6 @@ SPECS = [
     AtomSpec(name="reduce", refs=refs_for("reduce"), inputs=("value",),
              attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce,
              kernels={"reference": _reference, "cpu": _cpu, "cuda": _cuda},
+             kernel_counts_nonfinite=frozenset({"cpu"}),
              summary="sum over one axis in index order (deterministic); the axis is removed"),
 ]

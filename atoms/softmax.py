@@ -18,8 +18,6 @@ from runtime.types import TensorType, accumulation_dtype, numpy_dtype
 from ._refs import refs_for
 from .elementwise import require_mask
 
-CPU_VECTOR_BODY = True  # see _cpu_body (False: the CUDA kernel's body, one pass with exp and sum)
-
 
 def infer_masked_softmax(ctx: InferContext) -> TensorType:
     ctx.axis_of("axis", 0)
@@ -99,7 +97,7 @@ def _body(position: int, space_rank: int, mask_broadcast: Sequence[bool], wrap) 
     ]
 
 
-def _cpu_body(position: int, space_rank: int, mask_broadcast: Sequence[bool], wrap) -> list[str]:
+def _cpu_body(position: int, space_rank: int, mask_broadcast: Sequence[bool], wrap, check: bool = False) -> list[str]:
     """``_body`` shaped for the CPU's vector units: the exponentials of a whole row in one loop
     with no branch and no sum (``exp`` of every entry, masked ones then replaced by 0: a
     select), so it vectorises; then the sum in four interleaved float64 partial sums (a single
@@ -117,8 +115,9 @@ def _cpu_body(position: int, space_rank: int, mask_broadcast: Sequence[bool], wr
         f"mx = lg[{at('0')}]",
         "found = False",
         f"for k in range({n}):",
+        f"    x = lg[{at('k')}]",
+        *(["    bad |= (x - x) != 0"] if check else []),  # every entry, masked ones too (SPEC §4)
         f"    if mk[{mat('k')}]:",
-        f"        x = lg[{at('k')}]",
         "        if (not found) or x > mx:",
         "            mx = x",
         "        found = True",
@@ -172,7 +171,9 @@ def _keepdims(mask: np.ndarray, mt: TensorType, lt: TensorType) -> np.ndarray:
     return moved.reshape(tuple(present.get(a, 1) for a in lt.axes))
 
 
-def _cpu(node: Node):
+def _cpu(node: Node, checked: Sequence[int] = ()):
+    """``checked == (0,)``: ``run`` also counts the logits' NaN and ±inf entries (masked ones
+    too), read in the pass that finds each row's maximum."""
     from runtime.backends import cpu_codegen as cg
 
     _check_device(node, "cpu")
@@ -180,22 +181,25 @@ def _cpu(node: Node):
     position, rank, lead, pattern = _layout(node)
     dt = cg.numba_type(lt.dtype, node.path, "masked-softmax")
     space = [k for k in range(rank) if k != position]
-    body = (_cpu_body if CPU_VECTOR_BODY else _body)(position, len(space), pattern, lambda k: f"_u({k})")
+    check = 0 in checked
+    body = _cpu_body(position, len(space), pattern, lambda k: f"_u({k})", check)
+    flag = "bad" if check else None
     args = [("lg", dt, rank, False), ("mk", "boolean", rank, False), ("out", dt, rank, True)]
-    label = f"masked-softmax axis {position} of rank {rank} {dt}"
+    label = f"masked-softmax axis {position} of rank {rank} {dt}{' counting' if check else ''}"
     kernel = cg.NestKernel("softmax", lambda par: cg.render(
-        label, args, cg.loop_nest([f"lg.shape[{k}]" for k in space], body, par), par))
+        label, args, cg.loop_nest([f"lg.shape[{k}]" for k in space], body, par, flag), par,
+        "int64" if check else "void"))
     shape = ((1,) if lead else ()) + lt.shape
     space_shape = tuple(shape[k] for k in space)
     work = lt.elements
 
-    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> int | None:
         logits, mask = inputs
         m = cg.contiguous(_keepdims(np.asarray(mask), mt, lt))
         lg = cg.contiguous(logits)
         if lead:
             lg, m, out = lg.reshape(shape), m.reshape((1,) + m.shape), out.reshape(shape)
-        kernel([lg, m, out], space_shape, work)
+        return kernel([lg, m, out], space_shape, work)
     return run
 
 
@@ -226,5 +230,6 @@ SPECS = [
     AtomSpec(name="masked-softmax", refs=refs_for("masked-softmax"), inputs=("logits", "mask"),
              attributes=frozenset({"axis", "accumulation_dtype"}), infer=infer_masked_softmax,
              kernels={"reference": _reference, "cpu": _cpu, "cuda": _cuda},
+             kernel_counts_nonfinite=frozenset({"cpu"}),
              summary="stable softmax over visible entries along an axis; masked entries 0"),
 ]

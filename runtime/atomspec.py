@@ -56,6 +56,11 @@ class AtomSpec:
     # skip its own pass over them (SPEC §4 finiteness of bindings, fused into a kernel that
     # reads them anyway)
     anchor_counts_nonfinite: frozenset[str] = frozenset()
+    # backends whose node kernel does the same for a lone node: its factory is then called as
+    # ``factory(node, checked)`` (``checked``: positions of float operands, each of which the
+    # kernel reads in full) and ``run`` returns a count, non-zero when one of those operands
+    # holds a NaN or ±inf
+    kernel_counts_nonfinite: frozenset[str] = frozenset()
     inplace: int | None = None  # operand whose buffer the output may reuse
     summary: str = ""
 

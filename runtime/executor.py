@@ -221,6 +221,7 @@ class Executable:
 
     def _launch(self, group, checks, unclaimed: set[str], resident: frozenset[str]) -> _Launch:
         backend = self.backend.name
+        node_counted: tuple[str, ...] = ()
         label = {"instructions": [n.instruction_id for n in group.nodes],
                  "atoms": [n.atom.ref for n in group.nodes], "backend": backend}
         epilogue = group.epilogue
@@ -235,7 +236,12 @@ class Executable:
             if epilogue.empty:
                 factory = anchor.atom.kernels.get(backend)
                 kind = "node"
-                run = factory(anchor) if factory else None
+                if factory is not None and backend in anchor.atom.kernel_counts_nonfinite:
+                    own = tuple(k for k, slot in enumerate(inputs) if slot in unclaimed)
+                    run = factory(anchor, own)
+                    node_counted = tuple(inputs[k] for k in own)
+                else:
+                    run = factory(anchor) if factory else None
             else:
                 factory = anchor.atom.anchors.get(backend)
                 kind = "anchor"
@@ -252,8 +258,8 @@ class Executable:
                      f"atom {anchor.atom.name} ({anchor.atom.ref}) has no {backend!r} kernel; "
                      f"it has: {', '.join(sorted(anchor.atom.kernels)) or 'none'}")
         aligners = tuple(self.backend.aligner(t, group.output_type) for t in epilogue.extra_types)
-        counted = tuple(dict.fromkeys([inputs[k] for k in epilogue.checked_anchor_inputs] +
-                                      [epilogue.extra_slots[k] for k in epilogue.checked]))
+        counted = tuple(dict.fromkeys([*node_counted, *(inputs[k] for k in epilogue.checked_anchor_inputs),
+                                       *(epilogue.extra_slots[k] for k in epilogue.checked)]))
         if counted:
             label["checks_finite"] = list(counted)
         return _Launch(run, kind, tuple(inputs), epilogue.extra_slots, epilogue.extra_types, aligners,
@@ -372,7 +378,8 @@ class Executable:
             out = values[launch.output]
             started = time.perf_counter() if records is not None else 0.0
             if launch.kind == "node":
-                launch.run([values[s] for s in launch.inputs], out)
+                if launch.run([values[s] for s in launch.inputs], out) and launch.counts_nonfinite:
+                    self._binder.check_finite(bound, launch.counts_nonfinite, *raw)
             else:
                 extras = [align(values[s]) for s, align in zip(launch.extras, launch.aligners)]
                 if launch.kind == "anchor":

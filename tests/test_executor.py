@@ -344,3 +344,39 @@ def test_a_chain_writing_in_place_of_its_operand_computes_what_the_reference_doe
     plan = runtime.compile(program, "cpu").plan({"T": rows})
     assert plan.buffers[v].alias_of == u and plan.arena_bytes == plan.buffers[u].nbytes
     assert_backends_agree(program, inputs)
+
+
+@pytest.mark.parametrize("atom", ["reduce", "masked-softmax"])
+@pytest.mark.parametrize("rows", [4, 600])  # one thread, and tasks on several
+def test_finiteness_of_a_lone_node_operand_is_checked_by_its_kernel(atom, rows):
+    """reduce finds a NaN or ±inf through its sums, masked-softmax in its pass for the row
+    maxima, masked entries included."""
+    b = ProgramBuilder()
+    x = b.input("x", {"T": "T", "D": 256})
+    if atom == "reduce":
+        y = b.op("reduce", [x], {"axis": "D", "mode": "sum", "accumulation_dtype": "float32"})
+    else:
+        y = b.op("masked-softmax", [x, b.input("m", {"D": 256}, "boolean")],
+                 {"axis": "D", "accumulation_dtype": "float32"})
+    program = b.build(outputs=[y])
+    exe = runtime.compile(program, "cpu")
+    rng = np.random.default_rng(2)
+    inputs = {"x": rng.standard_normal((rows, 256), dtype=np.float32)}
+    if atom != "reduce":
+        inputs["m"] = np.arange(256) % 3 != 0  # D=0, 3, 6... masked
+    want = runtime.compile(program, "reference").run(inputs=inputs)[y]
+    for _ in range(3):  # the second run arms the fast path, the third defers the check
+        np.testing.assert_allclose(exe.run(inputs=inputs)[y], want, rtol=1e-5, atol=1e-6)
+    compiled = next(iter(exe._plans.values()))
+    assert compiled.deferred_finite == {"x"}
+    for where in ((0, 0), (rows - 1, 255), (rows // 2, 3)):  # (., 0) and (., 3) are masked
+        bad = inputs["x"].copy()
+        bad[where] = np.nan if where[0] else np.inf
+        with pytest.raises(runtime.FormulaError) as err:
+            exe.run(inputs={**inputs, "x": bad})
+        assert (err.value.code, err.value.path) == ("nonfinite", "$.inputs.x")
+        assert str(list(where)) in err.value.message
+    if atom == "reduce":  # finite values whose sum overflows: counted, checked, not an error
+        big = np.full((rows, 256), 3e38, np.float32)
+        with np.errstate(over="ignore"):
+            assert np.isinf(exe.run(inputs={"x": big})[y]).all()

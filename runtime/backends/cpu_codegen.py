@@ -70,7 +70,7 @@ def loop_nest(dims: Sequence[str], body: Sequence[str], parallel: bool, flag: st
     loop = "prange" if parallel else "range"
     lines = [f"    d{k} = {d}" for k, d in enumerate(dims)]
     if flag:
-        lines.append("    found = 0")
+        lines.append("    _nf = 0")
     last = f"d{rank - 1}"
     rows = " * ".join(f"d{k}" for k in range(rank - 1)) or "1"
     lines += [f"    rows = {rows}",
@@ -91,7 +91,7 @@ def loop_nest(dims: Sequence[str], body: Sequence[str], parallel: bool, flag: st
     lines.append(f"        for i{rank - 1} in range(lo, hi):")
     lines += ["            " + line for line in body]
     if flag:  # (a boolean OR in the loop vectorises; an int64 count would halve the vectors)
-        lines += [f"        found += {flag}", "    return found"]
+        lines += [f"        _nf += {flag}", "    return _nf"]
     return lines
 
 
