@@ -42,8 +42,10 @@ def _rows(shape) -> int:
     return rows
 
 
-def _strided_rows(src, soff, sstr, dst, doff, dstr, shape, r0, r1):
-    """Rows ``[r0, r1)`` of the strided copy."""
+def _strided_rows(src, soff, sstr, dst, doff, dstr, shape, mask, r0, r1):
+    """Rows ``[r0, r1)`` of the strided copy. With a non-zero ``mask`` (a float type's
+    exponent bits) it also counts the rows holding a value whose exponent bits are all set:
+    NaN or ±inf."""
     rank = shape.shape[0]
     inner, si, di = shape[rank - 1], sstr[rank - 1], dstr[rank - 1]
     at = np.zeros(rank, np.int64)  # the row's index (all axes but the last)
@@ -54,8 +56,23 @@ def _strided_rows(src, soff, sstr, dst, doff, dstr, shape, r0, r1):
         rem = q
         s += at[k] * sstr[k]
         d += at[k] * dstr[k]
+    bad = 0
     for _ in range(r0, r1):
-        if si == 1 and di == 1:
+        if mask != 0:
+            found = False
+            if si == 1 and di == 1:
+                us, ud = np.uint64(s), np.uint64(d)
+                for j in range(np.uint64(inner)):
+                    v = src[us + j]
+                    dst[ud + j] = v
+                    found |= (v & mask) == mask
+            else:
+                for j in range(inner):
+                    v = src[s + j * si]
+                    dst[d + j * di] = v
+                    found |= (v & mask) == mask
+            bad += found
+        elif si == 1 and di == 1:
             copy_row(src, s, dst, d, inner)
         else:
             for j in range(inner):
@@ -71,6 +88,7 @@ def _strided_rows(src, soff, sstr, dst, doff, dstr, shape, r0, r1):
             s -= shape[k] * sstr[k]
             d -= shape[k] * dstr[k]
             k -= 1
+    return bad
 
 
 def _indexed_rows(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape, r0, r1):
@@ -122,15 +140,18 @@ def _indexed_rows(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr,
     return bad
 
 
-def _strided_serial(src, soff, sstr, dst, doff, dstr, shape, ntask):
-    _strided_rows_jit(src, soff, sstr, dst, doff, dstr, shape, 0, _rows_jit(shape))
+def _strided_serial(src, soff, sstr, dst, doff, dstr, shape, mask, ntask):
+    return _strided_rows_jit(src, soff, sstr, dst, doff, dstr, shape, mask, 0, _rows_jit(shape))
 
 
-def _strided_parallel(src, soff, sstr, dst, doff, dstr, shape, ntask):
+def _strided_parallel(src, soff, sstr, dst, doff, dstr, shape, mask, ntask):
     rows = _rows_jit(shape)
+    bad = np.zeros(ntask, np.int64)
     for w in prange(ntask):
         t = np.int64(w)  # (a prange index may be unsigned)
-        _strided_rows_jit(src, soff, sstr, dst, doff, dstr, shape, t * rows // ntask, (t + 1) * rows // ntask)
+        bad[t] = _strided_rows_jit(src, soff, sstr, dst, doff, dstr, shape, mask,
+                                   t * rows // ntask, (t + 1) * rows // ntask)
+    return bad.sum()
 
 
 def _indexed_serial(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape, ntask):
@@ -171,7 +192,7 @@ def _compile(kind: str, itemsize: int, parallel: bool) -> Callable:
     source = types.Array(bits, 1, "C", readonly=True, aligned=False)
     target = types.Array(bits, 1, "C", aligned=False)
     if kind == "strided":
-        sig = types.void(source, n, i64, target, n, i64, i64, n)
+        sig = types.int64(source, n, i64, target, n, i64, i64, bits, n)
         py = _strided_parallel if parallel else _strided_serial
     else:
         indices = types.Array(types.int64, 1, "C", readonly=True, aligned=False)
@@ -182,12 +203,22 @@ def _compile(kind: str, itemsize: int, parallel: bool) -> Callable:
 
 def kernel(kind: str, itemsize: int, parallel: bool) -> Callable:
     """The ``"strided"`` or ``"indexed"`` copy for one item size; its last argument is the
-    number of tasks (see :func:`tasks`)."""
+    number of tasks (see :func:`tasks`). The strided copy takes an exponent ``mask`` before it
+    (:func:`exponent_mask`, or 0) and returns how many of its rows held a NaN or ±inf."""
     key = (kind, itemsize, parallel)
     found = _KERNELS.get(key)
     if found is None:
         found = _KERNELS[key] = _compile(kind, itemsize, parallel)
     return found
+
+
+EXPONENT_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000, "float64": 0x7FF0000000000000}
+
+
+def exponent_mask(dtype: str, itemsize: int):
+    """The bits of ``dtype``'s exponent as the copy's unsigned item type (NaN and ±inf are
+    the values with all of them set); 0 for a dtype that is not a float."""
+    return np.dtype(f"uint{8 * itemsize}").type(EXPONENT_BITS.get(dtype, 0))
 
 
 def tasks(shape, elements: int) -> tuple[bool, int]:

@@ -226,6 +226,7 @@ def _cpu(node: Node):
     space = node.input_types[src_k].shape if name == "scatter" else node.output_type.shape
     parallel, ntask = _copy.tasks(space or (1,), math.prod(space))
     kernel = _copy.kernel("indexed", item, parallel)
+    no_mask = _copy.exponent_mask("", item)
     prepared: dict[tuple, tuple] = {}
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
@@ -244,7 +245,7 @@ def _cpu(node: Node):
             bshape, (bs, bd) = coalesce(node.output_type.shape, bst, c_strides(node.output_type.shape))
             copy_parallel, copy_tasks = _copy.tasks(bshape, math.prod(bshape))
             _copy.kernel("strided", item, copy_parallel)(base, boff, _i64(bs), dst, 0, _i64(bd), _i64(bshape),
-                                                          copy_tasks)
+                                                          no_mask, copy_tasks)
         bad = kernel(src, soff, sstr, sax, idx.view(np.int64), ioff, istr, bound, dst, 0, dstr, dax, shape, ntask)
         if bad:  # only reachable when check_values was skipped: re-run it for the precise error
             CHECKS[name](node, [inputs[k] if k == idx_k else None for k in range(len(inputs))])

@@ -267,12 +267,16 @@ def _i64(v: Sequence[int]) -> np.ndarray:
 
 
 def mover_cpu(make_moves: Callable[[Node, Sequence[tuple[int, ...]]], list[Move]]):
-    """A cpu kernel factory running ``make_moves`` with the operands' actual strides."""
-    def factory(node: Node):
+    """A cpu kernel factory running ``make_moves`` with the operands' actual strides. With
+    ``checked`` (operands that the moves read in full), ``run`` also counts their NaN and
+    ±inf values, by exponent bits, in the copy's own pass."""
+    def factory(node: Node, checked: Sequence[int] = ()):
         item = _itemsize(node.output_type)
+        masks = [_copy.exponent_mask(t.dtype, item) if k in checked else _copy.exponent_mask("", item)
+                 for k, t in enumerate(node.input_types)]
         prepared: dict[tuple, list] = {}  # operand strides -> ready kernel arguments
 
-        def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> int:
             views = [flat_view(x) for x in inputs]
             key = tuple(v[2] for v in views)
             calls = prepared.get(key)
@@ -282,12 +286,14 @@ def mover_cpu(make_moves: Callable[[Node, Sequence[tuple[int, ...]]], list[Move]
                     shape, (sstr, dstr) = coalesce(m.shape, m.sstr, m.dstr)
                     parallel, ntask = _copy.tasks(shape, math.prod(shape))
                     calls.append((_copy.kernel("strided", item, parallel), m.src, m.soff, _i64(sstr), m.doff,
-                                  _i64(dstr), _i64(shape), ntask))
+                                  _i64(dstr), _i64(shape), masks[m.src], ntask))
                 prepared[key] = calls
             dst = out_bits(out)
-            for kernel, src, soff, sstr, doff, dstr, shape, ntask in calls:
+            found = 0
+            for kernel, src, soff, sstr, doff, dstr, shape, mask, ntask in calls:
                 flat, origin, _ = views[src]
-                kernel(flat, origin + soff, sstr, dst, doff, dstr, shape, ntask)
+                found += kernel(flat, origin + soff, sstr, dst, doff, dstr, shape, mask, ntask)
+            return found
         return run
     return factory
 
@@ -399,10 +405,13 @@ def _ref_concat(node: Node):
     return run
 
 
-def _spec(name, inputs, attributes, infer, reference, moves, summary) -> AtomSpec:
+def _spec(name, inputs, attributes, infer, reference, moves, summary, reads_all=True) -> AtomSpec:
+    """``reads_all``: the moves read every element of every operand (all but slice), so the
+    cpu kernel can take over their finiteness check."""
     return AtomSpec(name=name, refs=refs_for(name), inputs=inputs, attributes=frozenset(attributes),
                     infer=infer, kernels={"reference": reference, "cpu": mover_cpu(moves),
-                                          "cuda": mover_cuda(moves)}, summary=summary)
+                                          "cuda": mover_cuda(moves)},
+                    kernel_counts_nonfinite=frozenset({"cpu"}) if reads_all else frozenset(), summary=summary)
 
 
 SPECS = [
@@ -413,7 +422,7 @@ SPECS = [
     _spec("broadcast", ("value",), {"output_axes", "output_sizes"}, infer_broadcast,
           _ref_broadcast, moves_broadcast, "extent-1 axes expanded and new axes added"),
     _spec("slice", ("value",), {"axis", "start", "stop", "step"}, infer_slice, _ref_slice,
-          moves_slice, "Python slice (start, stop, step > 0) of one axis; never empty"),
+          moves_slice, "Python slice (start, stop, step > 0) of one axis; never empty", reads_all=False),
     _spec("concat", ("left", "right"), {"axis"}, infer_concat, _ref_concat, moves_concat,
           "left then right along one static axis"),
 ]

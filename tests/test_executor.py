@@ -380,3 +380,26 @@ def test_finiteness_of_a_lone_node_operand_is_checked_by_its_kernel(atom, rows):
         big = np.full((rows, 256), 3e38, np.float32)
         with np.errstate(over="ignore"):
             assert np.isinf(exe.run(inputs={"x": big})[y]).all()
+
+
+@pytest.mark.parametrize("rows", [4, 600])
+def test_a_layout_copy_checks_the_finiteness_of_what_it_reads_in_full(rows):
+    b = ProgramBuilder()
+    x = b.input("x", {"T": "T", "D": 256})
+    y = b.op("permute", [x], {"output_axes": ["D", "T"]})
+    z = b.op("slice", [b.input("s", {"T": "T", "D": 256})], {"axis": "D", "start": 0, "stop": 8, "step": 1})
+    exe = runtime.compile(b.build(outputs=[y, z]), "cpu")
+    rng = np.random.default_rng(3)
+    inputs = {"x": rng.standard_normal((rows, 256), dtype=np.float32),
+              "s": rng.standard_normal((rows, 256), dtype=np.float32)}
+    for _ in range(3):
+        got = exe.run(inputs=inputs)
+    np.testing.assert_array_equal(got[y], inputs["x"].T)
+    assert next(iter(exe._plans.values())).deferred_finite == {"x"}  # a slice reads part of s: the run scans it
+    for name, where in (("x", (rows - 1, 200)), ("s", (0, 100))):  # s: NaN outside the slice still fails
+        bad = inputs[name].copy()
+        bad[where] = np.nan
+        with pytest.raises(runtime.FormulaError) as err:
+            exe.run(inputs={**inputs, name: bad})
+        assert (err.value.code, err.value.path) == ("nonfinite", f"$.inputs.{name}")
+        assert str(list(where)) in err.value.message

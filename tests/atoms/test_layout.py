@@ -364,3 +364,35 @@ def test_flat_view_and_coalesce():
     assert coalesce((2, 3, 4), (12, 4, 1), (12, 4, 1)) == ([24], [[1], [1]])
     assert coalesce((2, 1, 4), (4, 0, 1), (1, 0, 2)) == ([2, 4], [[4, 1], [1, 2]])
     assert coalesce((1, 1), (0, 0)) == ([1], [[0]])
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int64"])
+def test_cpu_copies_count_nan_and_inf_of_checked_operands(monkeypatch, parallel, dtype):
+    """factory(node, checked): the copy counts, by exponent bits, the rows of a checked
+    operand that hold a NaN or ±inf; it copies exactly as without counting."""
+    import atoms._copy as copy
+
+    monkeypatch.setattr(copy, "PARALLEL_MIN_ELEMENTS", 1 if parallel else 1 << 40)
+    cases = [("permute", {"output_axes": ["C", "A", "B"]}, [T("ABC", [3, 5, 7], dtype)]),
+             ("concat", {"axis": "B"}, [T("AB", [4, 6], dtype), T("AB", [4, 3], dtype)]),
+             ("broadcast", {"output_axes": ["A", "B"], "output_sizes": [5, 6]}, [T("AB", [1, 6], dtype)]),
+             ("reshape", {"output_axes": ["P"], "output_sizes": [12]}, [T("AB", [3, 4], dtype)])]
+    rng = np.random.default_rng(0)
+    for name, attributes, types in cases:
+        node = bind_node(SPEC[name], attributes, types)
+        values = [values_of(t, k) for k, t in enumerate(types)]
+        counting = SPEC[name].kernels["cpu"](node, tuple(range(len(types))))
+        out = np.empty(node.output_type.shape, numpy_dtype(node.output_type.dtype))
+        assert counting(values, out) == 0, name
+        np.testing.assert_array_equal(out, run(name, attributes, types, values))
+        if dtype == "int64":
+            continue
+        for k, v in enumerate(values):
+            for bad in (np.nan, np.inf, -np.inf):
+                spoiled = [x.copy() for x in values]
+                spoiled[k][tuple(rng.integers(0, n) for n in v.shape)] = bad
+                assert counting(spoiled, out) > 0, (name, k, bad)
+                only_other = SPEC[name].kernels["cpu"](node, tuple(j for j in range(len(types)) if j != k))
+                assert only_other(spoiled, out) == 0, (name, k)
+    assert not SPEC["slice"].kernel_counts_nonfinite  # reads part of its operand only
