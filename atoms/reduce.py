@@ -88,8 +88,9 @@ def _body(position: int, space_rank: int, wrap) -> list[str]:
 SIDE_BY_SIDE_ROWS = 8  # inner == 1: 8 rows' sums interleaved, 8 addition chains hiding the
 #                        add latency (a lone chain waits for each addition: 5x slower)
 INNER_BLOCK = 1024  # inner > 1: accumulators per tile (fewer when tiles are too few for the
-#                     threads); rows of K added to them in order, vectorised. Side by side on
-#                     [1, 1024, 1024] float32: 2 tiles of 512 0.058 ms, 1 of 1024 0.074, 8 of 128 0.071
+#                     threads); rows of K added to them in order, vectorised. Side by side
+#                     (python bench/experiments/reduce_tiles.py, [1, 1024, 1024] float32):
+#                     2 tiles of 512 0.061 ms, 1 of 1024 0.075, 8 of 128 0.073
 MIN_INNER_BLOCK = 256
 PARALLEL_MIN_WORK = int(os.environ.get("FORMULA_REDUCE_PARALLEL_MIN", 1 << 18))  # elements read
 TASKS_PER_THREAD = 4

@@ -25,12 +25,12 @@ from ..fusion import Epilogue
 from ..types import TensorType
 
 # Below this many elements of work a call runs on one thread. Side by side on the 2-core VM
-# (session 14, float32, [rows, 1024], serial and parallel calls interleaved): add took 0.059
-# ms either way at 64K elements and 0.093 / 0.090 at 128K, 0.395 / 0.302 at 1M; silu (exp
-# per element) 0.151 / 0.098 at 64K, 2.08 / 1.13 at 1M. (Once OpenBLAS threads spinning next
-# to ours made parallel launches cost up to ms: PERFORMANCE-FACTS "the trap"; the contract's
-# BLAS calls now run with one OpenBLAS thread, atoms._blas.) Override with
-# FORMULA_CPU_PARALLEL_MIN (elements) to tune on other machines.
+# (python bench/experiments/loop_parallel_threshold.py, session 14, float32 [rows, 1024],
+# medians, serial / parallel): add 0.021 / 0.021 ms at 64K elements, 0.035 / 0.029 at 128K,
+# 0.201 / 0.117 at 1M; silu (an exp per element) 0.139 / 0.080 at 64K, 2.18 / 1.09 at 1M.
+# (Once OpenBLAS threads spinning next to ours made parallel launches cost up to ms:
+# PERFORMANCE-FACTS "the trap"; the contract's BLAS calls run with one OpenBLAS thread,
+# atoms._blas.) Override with FORMULA_CPU_PARALLEL_MIN (elements) on other machines.
 PARALLEL_MIN_ELEMENTS = int(os.environ.get("FORMULA_CPU_PARALLEL_MIN", 1 << 16))
 TASKS_PER_THREAD = 4
 MIN_BLOCK = 2048  # inner-axis elements per parallel task when the inner axis is split
