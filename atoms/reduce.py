@@ -86,7 +86,7 @@ def _body(position: int, space_rank: int, wrap) -> list[str]:
 # The value is viewed as ``[outer, K, inner]`` (K: the reduced axis) and each output element
 # is still one sequential sum over K: the kernels only choose which sums run side by side.
 SIDE_BY_SIDE_ROWS = 8  # inner == 1: 8 rows' sums interleaved, 8 addition chains hiding the
-#                        add latency (a lone chain waits for each addition: 5x slower)
+#                        latency of each addition, which one chain alone waits for
 INNER_BLOCK = 1024  # inner > 1: accumulators per tile (fewer when tiles are too few for the
 #                     threads); rows of K added to them in order, vectorised. Side by side
 #                     (python bench/experiments/reduce_tiles.py, [1, 1024, 1024] float32):
