@@ -60,8 +60,9 @@ def _check_device(node: Node, backend: str) -> None:
              f"masked-softmax has no {backend} kernel for {dtype}; use backend='reference'")
 
 
-def _body(position: int, space_rank: int, mask_broadcast: Sequence[bool], wrap) -> list[str]:
-    """Per index-space element: the three passes over the softmax axis (max, exp+sum, scale)."""
+def _indexing(position: int, space_rank: int, mask_broadcast: Sequence[bool], wrap):
+    """(at, mat, n): the subscripts of the logits and of the mask at softmax index ``k`` (an
+    expression) of the current index-space element, and the softmax extent."""
     names = [f"i{k}" for k in range(space_rank)]
 
     def at(k: str) -> str:
@@ -70,16 +71,27 @@ def _body(position: int, space_rank: int, mask_broadcast: Sequence[bool], wrap) 
     def mat(k: str) -> str:
         full = names[:position] + [wrap(k)] + names[position:]
         return ", ".join("0" if b else i for i, b in zip(full, mask_broadcast))
-    n = f"lg.shape[{position}]"
-    return [
-        f"mx = lg[{at('0')}]",
-        "found = False",
-        f"for k in range({n}):",
-        f"    if mk[{mat('k')}]:",
-        f"        x = lg[{at('k')}]",
-        "        if (not found) or x > mx:",
-        "            mx = x",
-        "        found = True",
+    return at, mat, f"lg.shape[{position}]"
+
+
+def _row_maximum(at, mat, n: str, check: bool = False) -> list[str]:
+    """``mx``: the row's maximum over visible entries, ``found``: whether there is one; with
+    ``check``, ``bad`` set by a NaN or ±inf in any entry, masked ones too (SPEC §4)."""
+    return [f"mx = lg[{at('0')}]",
+            "found = False",
+            f"for k in range({n}):",
+            f"    x = lg[{at('k')}]",
+            *(["    bad |= (x - x) != 0"] if check else []),
+            f"    if mk[{mat('k')}]:",
+            "        if (not found) or x > mx:",
+            "            mx = x",
+            "        found = True"]
+
+
+def _body(position: int, space_rank: int, mask_broadcast: Sequence[bool], wrap) -> list[str]:
+    """Per index-space element: the three passes over the softmax axis (max, exp+sum, scale)."""
+    at, mat, n = _indexing(position, space_rank, mask_broadcast, wrap)
+    return _row_maximum(at, mat, n) + [
         "if found:",
         "    s = 0.0",
         f"    for k in range({n}):",
@@ -102,25 +114,8 @@ def _cpu_body(position: int, space_rank: int, mask_broadcast: Sequence[bool], wr
     with no branch and no sum (``exp`` of every entry, masked ones then replaced by 0: a
     select), so it vectorises; then the sum in four interleaved float64 partial sums (a single
     chain waits for each addition), then the division."""
-    names = [f"i{k}" for k in range(space_rank)]
-
-    def at(k: str) -> str:
-        return ", ".join(names[:position] + [wrap(k)] + names[position:])
-
-    def mat(k: str) -> str:
-        full = names[:position] + [wrap(k)] + names[position:]
-        return ", ".join("0" if b else i for i, b in zip(full, mask_broadcast))
-    n = f"lg.shape[{position}]"
-    return [
-        f"mx = lg[{at('0')}]",
-        "found = False",
-        f"for k in range({n}):",
-        f"    x = lg[{at('k')}]",
-        *(["    bad |= (x - x) != 0"] if check else []),  # every entry, masked ones too (SPEC §4)
-        f"    if mk[{mat('k')}]:",
-        "        if (not found) or x > mx:",
-        "            mx = x",
-        "        found = True",
+    at, mat, n = _indexing(position, space_rank, mask_broadcast, wrap)
+    return _row_maximum(at, mat, n, check) + [
         "if found:",
         f"    for k in range({n}):",
         f"        e = math.exp(lg[{at('k')}] - mx)",

@@ -359,9 +359,9 @@ class Binder:
         resident = banks if isinstance(banks, ResidentBanks) else None
         if not (self._eligible or resident is not None):
             return bind_values(self.program, inputs, banks)
-        values = self._values_as_last(inputs, banks, resident)
-        if values is not None:
-            fast = self._fast(values, resident)
+        same = self._key(inputs, banks, resident, like=self._last[0]) if self._last is not None else None
+        if same is not None:
+            fast = self._fast(same[1], resident)
             if fast is not None:
                 return fast
         got = self._key(inputs, banks, resident)
@@ -374,52 +374,21 @@ class Binder:
             self._last = (got[0], bound, [None, ()])
         return bound
 
-    def _values_as_last(self, inputs: Any, banks: Any, resident: ResidentBanks | None) -> list | None:
-        """The values in binding order when they have the last structure, compared as
-        :meth:`_key` would build it but without building it (the dtypes by identity: arrays
-        of a builtin dtype share its one descriptor); None when anything differs."""
-        last = self._last
-        if last is None:
-            return None
-        key = last[0]
-        if resident is not None:
-            if resident.signature is not self.program.bank_signature or key[-1] is not resident.structure:
-                return None
-            banks = resident.owned
-        elif key[-1] is not None:
-            return None
-        elif banks is None:
-            banks = {}
-        elif type(banks) is not dict:
-            return None
-        if type(inputs) is not dict or (len(inputs), len(banks)) != self._counts:
-            return None
-        values, position = [], 0
-        for name, is_input, _ in self._order:
-            if not is_input and resident is not None:
-                values.append(banks[name])
-                continue
-            v = (inputs if is_input else banks).get(name)
-            if type(v) is not np.ndarray:
-                if not isinstance(v, np.generic):
-                    return None
-                v = np.asarray(v)
-            dtype, shape = key[position]
-            position += 1
-            if v.dtype is not dtype or v.shape != shape:
-                return None
-            values.append(v)
-        return values
-
-    def _key(self, inputs: Any, banks: Any, resident: ResidentBanks | None):
+    def _key(self, inputs: Any, banks: Any, resident: ResidentBanks | None, like: tuple | None = None):
         """(structure key, values in binding order), or None when the fast path cannot apply.
         Resident banks count by their shapes and dtypes (fixed when loaded), like arrays, and
         the key says they are resident (their runs need no check of the banks, so they get
-        plans of their own)."""
+        plans of their own). With ``like`` (the last key), only values of exactly that
+        structure qualify, compared in place (dtypes by identity: arrays of a builtin dtype
+        share its one descriptor), and ``like`` itself is their key: no key is built."""
         if resident is not None:
             if resident.signature is not self.program.bank_signature:
                 return None  # (the full path compares the signatures and names the mismatch)
+            if like is not None and like[-1] is not resident.structure:
+                return None
             banks = resident.owned
+        elif like is not None and like[-1] is not None:
+            return None
         elif banks is None:
             banks = {}
         elif type(banks) is not dict:
@@ -436,10 +405,18 @@ class Binder:
                 if not isinstance(v, np.generic):
                     return None
                 v = np.asarray(v)
-            if not v.dtype.isnative:
+            if like is not None:
+                dtype, shape = like[len(key)]
+                if v.dtype is not dtype or v.shape != shape:
+                    return None
+                key.append(None)  # (counts the positions compared)
+            elif not v.dtype.isnative:
                 return None  # the full path converts it
-            key.append((v.dtype, v.shape))
+            else:
+                key.append((v.dtype, v.shape))
             values.append(v)
+        if like is not None:
+            return like, values
         key.append(resident.structure if resident is not None else None)
         return tuple(key), values
 
