@@ -245,7 +245,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
          "from numba import njit, prange",
          "from atoms._blas import ext_sgemm as _sgemm, ext_dgemm as _dgemm, ext_sgemv as _sgemv, ext_dgemv as _dgemv",
          vmath.IMPORT,
-         *([micro.ops_import(dt)] if form else []),
+         *([micro.ops_import(dt), micro.tile_function(form, dt, pack_left)] if form else []),
          *([simd.scan_import(dt)] if scan_left or scan_right else []),
          "",
          *(micro.pack_source(dt, parallel) if form == "bcast" else []),
@@ -301,7 +301,8 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
               f"                           pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item},",
               f"                           pprm + 24, psc + {item}, pscr + i * n * {item}, pprm + 28)"]
     if form:
-        L += ["            elif micro:"] + (micro.dot_tile(dt, " " * 16) if form == "dot" else micro.bcast_tile(dt, " " * 16, pack_left))
+        args = micro.TILE_PARAMS[form].replace("apk", "apk" if pack_left else "m_bp")
+        L += ["            elif micro:", f"                _tile({args})"]
     L += ["            else:",
               f"                {blas}(pch, pch + 1, pprm, pprm + 4, pprm + 8, psc,",
               f"                       pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item}, pprm + 16,",
