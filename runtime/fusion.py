@@ -4,6 +4,10 @@ A fused group is an optional *anchor* (an atom that declares it can absorb an ep
 a contraction) followed by elementwise nodes, each reading the previous node's value once.
 Backends turn the epilogue into source for their own kernels, so one planner decision
 serves NumPy-free CPU loops and CUDA threads alike.
+
+A kernel reads each epilogue operand's element before it stores the output element at the
+same index, and stores nothing else there first: the planner relies on it to let the output
+reuse, in place, the buffer of an operand with the output's axes and extents.
 """
 from __future__ import annotations
 
