@@ -245,7 +245,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
          "from numba import njit, prange",
          "from atoms._blas import ext_sgemm as _sgemm, ext_dgemm as _dgemm, ext_sgemv as _sgemv, ext_dgemv as _dgemv",
          vmath.IMPORT,
-         *([micro.ops_import(dt), micro.tile_function(form, dt, pack_left)] if form else []),
+         *([micro.tile_function(form, dt, pack_left)] if form else []),
          *([simd.scan_import(dt)] if scan_left or scan_right else []),
          "",
          *(micro.pack_source(dt, parallel) if form == "bcast" else []),

@@ -44,9 +44,10 @@ REMAINDER_MR = 4  # after bcast's full blocks, one block of 4 rows (8 accumulato
 # bcast: a block's left rows copied first into one buffer, interleaved (k-major), when the
 # block then runs across at least this many panels. Read straight from the rows, the six
 # broadcasts' addresses were one chain of dependent adds in LLVM's code. Side by side
-# (python bench/ab_seed.py, variant "left rows unpacked"): the seed at T=256 / 1024 / 8192
-# 253.4 -> 250.8 / 946.9 -> 938.5 / 8439 -> 8356 us (10th percentiles); for x · Aᵀ (2 panels)
-# it was slower.
+# (python bench/experiments/ab_constant.py T atoms._microgemm PACK_LEFT_MIN_PANELS
+# 16,1073741824, session 14, 10th percentiles): T=256 259.6 us packed, 261.4 unpacked;
+# T=8192 8386 against 8453 us. Packed for x · Aᵀ too (2 panels; value 0): 268.8 against
+# 251.1 us at T=256, the copy costing more than it saves.
 PACK_LEFT_MIN_PANELS = 16
 
 

@@ -395,7 +395,7 @@ class Binder:
             return None
         if type(inputs) is not dict or (len(inputs), len(banks)) != self._counts:
             return None
-        key, values = [], []
+        key, values, compared = [], [], 0
         for name, is_input, _ in self._order:
             if not is_input and resident is not None:
                 values.append(banks[name])
@@ -406,10 +406,10 @@ class Binder:
                     return None
                 v = np.asarray(v)
             if like is not None:
-                dtype, shape = like[len(key)]
+                dtype, shape = like[compared]
+                compared += 1
                 if v.dtype is not dtype or v.shape != shape:
                     return None
-                key.append(None)  # (counts the positions compared)
             elif not v.dtype.isnative:
                 return None  # the full path converts it
             else:

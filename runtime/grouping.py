@@ -70,24 +70,16 @@ def make_groups(nodes: Sequence[Node], outputs: Sequence[str], backend: str, fus
         target = _fusable_operand(node, by_output, groups, readers, outputs, backend) if op else None
         if target is None:
             by_output[node.output_slot] = len(groups)
-            groups.append(Group(node, EMPTY_EPILOGUE, (node,), node.output_slot, node.output_type))
+            if op is not None and backend not in node.atom.anchors:
+                groups.append(_as_chain(node, op))  # even alone: the backend's chain kernel runs it
+            else:
+                groups.append(Group(node, EMPTY_EPILOGUE, (node,), node.output_slot, node.output_type))
             continue
         k, gi = target
-        group = groups[gi]
-        del by_output[group.output_slot]
-        if group.anchor is not None and group.epilogue.empty and backend not in group.anchor.atom.anchors:
-            group = _as_chain(group.anchor)  # a lone elementwise node becomes a chain's first step
-        groups[gi] = _extend(group, node, k, op)
+        del by_output[groups[gi].output_slot]
+        groups[gi] = _extend(groups[gi], node, k, op)
         by_output[node.output_slot] = gi
-    if fuse:  # a lone elementwise node runs as a one-step chain: the backend's chain kernel
-        groups = [_as_chain(g.anchor) if _lone_elementwise(g, backend) else g for g in groups]
     return sorted(groups, key=lambda g: g.position)
-
-
-def _lone_elementwise(group: Group, backend: str) -> bool:
-    anchor = group.anchor
-    return anchor is not None and group.epilogue.empty and backend not in anchor.atom.anchors \
-        and _scalar_op(anchor) is not None
 
 
 def _scalar_op(node: Node) -> ScalarOp | None:
@@ -106,17 +98,15 @@ def _fusable_operand(node, by_output, groups, readers, outputs, backend):
             continue  # the broadcast side is never the chain value
         anchor = groups[gi].anchor
         if anchor is not None and backend not in anchor.atom.anchors:
-            # without an anchor kernel only a lone elementwise node can start a chain
-            if not groups[gi].epilogue.empty or _scalar_op(anchor) is None:
-                continue
+            continue  # a node's own kernel takes no epilogue (elementwise nodes start chains)
         return k, gi
     return None
 
 
-def _as_chain(node: Node) -> Group:
+def _as_chain(node: Node, op: ScalarOp) -> Group:
     extras = tuple(dict.fromkeys(node.input_slots))
     types = tuple(node.input_types[node.input_slots.index(s)] for s in extras)
-    step = EpilogueStep(node, _scalar_op(node), tuple(extras.index(s) for s in node.input_slots))
+    step = EpilogueStep(node, op, tuple(extras.index(s) for s in node.input_slots))
     return Group(None, Epilogue((step,), extras, types), (node,), node.output_slot, node.output_type)
 
 
