@@ -4,8 +4,8 @@ Two copies, each over an iteration space whose last axis is a row: the strided c
 ``dst[Σ i·dstr] = src[Σ i·sstr]`` (layout atoms) and the index-driven one, which displaces
 the source or the destination by ``v·ax`` for an index ``v`` read from ``idx`` (gather,
 lookup, scatter). A call is cut into tasks of consecutive rows; a task finds its first row's
-offsets by division once and then steps from row to row like an odometer (a division per row
-cost more than copying a 256-byte row). A unit-stride row is one ``memcpy``.
+offsets by division once and then steps from row to row like an odometer (the kernel
+before it divided by every axis's extent for every row). A unit-stride row is one ``memcpy``.
 
 Each comes as a serial and a parallel kernel, two distinct functions: Numba's disk cache
 tells functions apart by name and line, not by their ``parallel`` flag, so one function
