@@ -62,6 +62,11 @@ class AtomSpec:
     # holds a NaN or ±inf
     kernel_counts_nonfinite: frozenset[str] = frozenset()
     inplace: int | None = None  # operand whose buffer the output may reuse
+    # backends whose kernels take float16/bfloat16 operands as they are (data movement by item
+    # size: gather, window, layout copies, cast). On the other fusing backends the planner
+    # widens half operands to float32 temporaries, runs the float32 kernel and rounds the output
+    # to the half dtype once (SPEC §3b.1), the temporaries counted in the working bytes (§3b.3.7).
+    half_native: frozenset[str] = frozenset()
     summary: str = ""
 
     @property
