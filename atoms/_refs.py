@@ -9,8 +9,9 @@ SEED_DIGESTS = {
 }
 
 
-def refs_for(name: str) -> tuple[str, ...]:
-    refs = [f"arti/formula-atom-{name}@1"]
-    if name in SEED_DIGESTS:
+def refs_for(name: str, version: int = 1) -> tuple[str, ...]:
+    """``arti/formula-atom-<name>@<version>``, then the seed's digest alias for a v1 seed atom."""
+    refs = [f"arti/formula-atom-{name}@{version}"]
+    if version == 1 and name in SEED_DIGESTS:
         refs.append(f"arti/formula-atom-{name}@sha256:{SEED_DIGESTS[name]}")
     return tuple(refs)
