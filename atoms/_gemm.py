@@ -34,20 +34,15 @@ from . import _microgemm as micro
 from ._blas import blas_operand, c_contiguous_layout, flat_operand, register_blas, single_threaded_blas
 
 # Row tiles: the GEMM result of one tile ([tm, n], acc dtype) stays cache-resident while the
-# epilogue reads it. Measured on the 2-core VM (bench/experiments/contract_seed_kernels.py).
+# epilogue reads it (docs/performance.md, tuning log).
 SCRATCH_BYTES = int(os.environ.get("FORMULA_CONTRACT_SCRATCH", 256 * 1024))
 # Below this many multiply-adds a call runs on one thread (a parallel region costs ~10 µs+).
 PARALLEL_MIN_MACS = int(os.environ.get("FORMULA_CONTRACT_PARALLEL_MIN", 1 << 21))
-# Work is split statically (thread w takes tiles [w·n/T, (w+1)·n/T)), so more tiles per thread
-# only shrink the tiles: each BLAS call packs the whole right operand again. One tile per
-# thread when the scratch bound allows: seed at T=256, side by side, 0.28 ms vs 0.35 with 4.
+# Work is split statically, so more tiles per thread only shrink the tiles: each BLAS call
+# packs the whole right operand again.
 TILES_PER_THREAD = 1
 SCAN_TILE_BYTES = 512 * 1024  # a left-operand tile scanned for finiteness: half of L2
 GEMV_ROWS = 4  # tiles of at most this many rows call gemv per row (no packing of B)
-# About equal shares (micro.balanced_rows): T=256 has 256 rows, and tiles of whole 6-row
-# blocks gave one thread 132 rows (22 blocks) and the other 124 (20 blocks, then 4 rows).
-BALANCED_TILES = True
-CHECK_LEFT_THROUGH_SUMS = True  # see _scan_after (False: every scanned left tile before it is read)
 
 _NUMBA_FLOATS = {"float32": "float32", "float64": "float64"}
 
@@ -290,7 +285,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
           "            prm[1] = rows"]
     if scan_left:  # before the tile, or after it: see _scan_after
         L += ["            q0 = (bi * m + i0) * k",
-              f"            after = scan_a and {'micro != 0' if form and CHECK_LEFT_THROUGH_SUMS else 'False'} and rows > {GEMV_ROWS} and 0 < n < k",
+              f"            after = scan_a and {'micro != 0' if form else 'False'} and rows > {GEMV_ROWS} and 0 < n < k",
               "            if scan_a and not after:",
               "                nf += _nonfinite(a, q0, q0 + rows * k)"]
     L += ["            arow = i0 if ta else i0 * lda",
@@ -395,7 +390,7 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
             tm = micro.whole_blocks(form, max(8, -(-m // max(1, want // nb))))
             ntiles = nb * -(-m // tm)
         nwork = min(threads, ntiles)
-        if nb == 1 and BALANCED_TILES:  # every worker the same number of tiles, of equal rows
+        if nb == 1:  # every worker the same number of tiles, of about equal rows
             tm = micro.balanced_rows(form, m, -(-ntiles // nwork) * nwork)
             ntiles = -(-m // tm)
     else:

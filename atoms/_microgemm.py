@@ -1,11 +1,7 @@
 """Register-blocked GEMM tiles for the skinny products of low-rank (LoRA-style) programs.
 
-OpenBLAS handles a thin operand poorly. Side by side on one core of the 2-core VM
-(``NUMBA_NUM_THREADS=1 python bench/experiments/contract_microkernels.py``, 2026-12-04; the
-FMA peak there is 91 GFLOP/s, ``bench/experiments/fma_peak.py``): a ``[128, 1024] x
-[1024, 32]`` tile, its right operand packed per call, takes 134 us against 150 us with BLAS,
-a 64-row ``[64, 32] x [32, 1024]`` call 94 us against 100 us, and the whole ``[8192, 32] x
-[32, 1024]`` product 9.1 ms against 12.7 ms. Two forms, each generated as a function of its own
+OpenBLAS handles a thin operand poorly (docs/performance.md, tuning log: ``choose_form``).
+Two forms, each generated as a function of its own
 (``tile_function``) that the contract kernel (``atoms._gemm``) calls per row tile, both
 computing the tile into the hot ``scratch`` the epilogue then reads:
 
@@ -31,23 +27,16 @@ from runtime import simd
 # Where each form beats BLAS (measured on the seed's shapes; outside them BLAS is kept).
 DOT_MAX_N, DOT_MIN_K = 64, 256
 # bcast packs its right operand before the tiles (in parallel) unless it is a resident bank,
-# packed once. The seed side by side (python bench/ab_seed.py): h·Bᵀ by
-# BLAS below 2048 rows took 1.16x the time at T=256 (variant "bcast from 2048 rows"), and
-# x·Aᵀ on dot 1.08x / 1.05x / 1.07x at T=256 / 8192 / 32768 (variant "x·Aᵀ on dot"). Below
-# 256 rows packing A on every call costs about what bcast saves over dot. The choice depends
-# on shapes only, so that resident banks and banks passed per run give bitwise the same results.
+# packed once. The choice depends on shapes only, so that resident banks and banks passed per
+# run give bitwise the same results (thresholds: docs/performance.md, tuning log).
 BCAST_MAX_K, BCAST_MIN_N, BCAST_MIN_ROWS = 64, 256, 32
 BCAST_WIDE_MIN_ROWS = 256  # x·Aᵀ-like shapes (the dot region) on bcast from this many rows
 DOT_MR, DOT_NR = 4, 2  # 8 accumulators + 2 + 1 registers of 16
 BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
 REMAINDER_MR = 4  # after bcast's full blocks, one block of 4 rows (8 accumulators: full rate)
 # bcast: a block's left rows copied first into one buffer, interleaved (k-major), when the
-# block then runs across at least this many panels. Read straight from the rows, the six
-# broadcasts' addresses were one chain of dependent adds in LLVM's code. Side by side
-# (python bench/experiments/ab_constant.py T atoms._microgemm PACK_LEFT_MIN_PANELS
-# 16,1073741824, session 14, 10th percentiles): T=256 259.6 us packed, 261.4 unpacked;
-# T=8192 8386 against 8453 us. Packed for x · Aᵀ too (2 panels; value 0): 268.8 against
-# 251.1 us at T=256, the copy costing more than it saves.
+# block then runs across at least this many panels: read straight from the rows, the six
+# broadcasts' addresses become one chain of dependent adds in LLVM's code.
 PACK_LEFT_MIN_PANELS = 16
 
 
@@ -253,10 +242,7 @@ def tile_function(form: str, dt: str, pack_left: bool = False) -> str:
     """The import line of ``form``'s tile as a function of its own, ``_tile(<TILE_PARAMS>)``
     (``apk``: any array of the dtype when unused). One module per form, dtype and packing,
     shared by every contract kernel that uses it, so each is compiled once and cached: inlined
-    into each kernel, it made every kernel's compilation longer. The seed's cold first run at
-    T=256 (``python bench/coldstart.py --backend cpu --tokens 256 --cold-and-warm``, against
-    the previous commit, session 14): 26.3 s inlined, 19.5 s as functions; the results are
-    bitwise the same and warm runs as fast."""
+    into each kernel, it made every kernel's compilation longer."""
     from runtime.codegen import configure_numba_cache, load_generated
 
     body = dot_tile(dt, "    ") if form == "dot" else bcast_tile(dt, "    ", pack_left)

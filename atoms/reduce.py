@@ -88,9 +88,7 @@ def _body(position: int, space_rank: int, wrap) -> list[str]:
 SIDE_BY_SIDE_ROWS = 8  # inner == 1: 8 rows' sums interleaved, 8 addition chains hiding the
 #                        latency of each addition, which one chain alone waits for
 INNER_BLOCK = 1024  # inner > 1: accumulators per tile (fewer when tiles are too few for the
-#                     threads); rows of K added to them in order, vectorised. Side by side
-#                     (python bench/experiments/reduce_tiles.py, [1, 1024, 1024] float32):
-#                     2 tiles of 512 0.061 ms, 1 of 1024 0.075, 8 of 128 0.073
+#                     threads); rows of K added to them in order, vectorised
 MIN_INNER_BLOCK = 256
 PARALLEL_MIN_WORK = int(os.environ.get("FORMULA_REDUCE_PARALLEL_MIN", 1 << 18))  # elements read
 TASKS_PER_THREAD = 4

@@ -106,9 +106,7 @@ def variants(inputs, banks, only: list[str] | None = None):
               "bcast from 2048 rows": (lambda: built(inputs, banks, micro, "BCAST_MIN_ROWS", 2048), False),
               "B packed per call": (lambda: built(inputs, banks, micro, "ResidentPacks", lambda *args: None), False),
               "x·Aᵀ on dot": (lambda: built(inputs, banks, micro, "BCAST_WIDE_MIN_ROWS", 1 << 62), False),
-              "x scanned first": (lambda: built(inputs, banks, gemm, "CHECK_LEFT_THROUGH_SUMS", False), False),
               "remainder rows one by one": (lambda: built(inputs, banks, micro, "_row_blocks", rows_one_by_one), False),
-              "tiles of whole blocks": (lambda: built(inputs, banks, gemm, "BALANCED_TILES", False), False),
               "left rows unpacked": (lambda: built(inputs, banks, micro, "PACK_LEFT_MIN_PANELS", 1 << 30), False),
               "banks per run": (lambda: built(inputs, banks, resident=False), False),
               "kernel by kernel": (by_kernel, False)}

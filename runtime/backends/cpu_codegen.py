@@ -24,13 +24,8 @@ from ..errors import FormulaError
 from ..fusion import Epilogue
 from ..types import TensorType
 
-# Below this many elements of work a call runs on one thread. Side by side on the 2-core VM
-# (python bench/experiments/loop_parallel_threshold.py, session 14, float32 [rows, 1024],
-# medians, serial / parallel): add 0.021 / 0.021 ms at 64K elements, 0.035 / 0.029 at 128K,
-# 0.201 / 0.117 at 1M; silu (an exp per element) 0.139 / 0.080 at 64K, 2.18 / 1.09 at 1M.
-# (Once OpenBLAS threads spinning next to ours made parallel launches cost up to ms:
-# PERFORMANCE-FACTS "the trap"; the contract's BLAS calls run with one OpenBLAS thread,
-# atoms._blas.) Override with FORMULA_CPU_PARALLEL_MIN (elements) on other machines.
+# Below this many elements of work a call runs on one thread: a parallel region costs more
+# than it saves (docs/performance.md, tuning log). FORMULA_CPU_PARALLEL_MIN overrides it.
 PARALLEL_MIN_ELEMENTS = int(os.environ.get("FORMULA_CPU_PARALLEL_MIN", 1 << 16))
 TASKS_PER_THREAD = 4
 MIN_BLOCK = 2048  # inner-axis elements per parallel task when the inner axis is split

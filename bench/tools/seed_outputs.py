@@ -1,8 +1,8 @@
 """The seed's cpu results for a set of token counts, banks resident and not, saved from one
 source tree, to compare two trees bit for bit (a change meant to keep the arithmetic):
 
-    python bench/experiments/seed_outputs.py save <tree> <file.npz>
-    python bench/experiments/seed_outputs.py compare <a.npz> <b.npz>
+    python bench/tools/seed_outputs.py save <tree> <file.npz>
+    python bench/tools/seed_outputs.py compare <a.npz> <b.npz>
 """
 import sys
 

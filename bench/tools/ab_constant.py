@@ -2,10 +2,10 @@
 executable per value (its kernels built while the constant has that value), calls
 interleaved in one process, each executable checked bitwise against the first; 10th and
 50th percentiles in µs. For a tuning constant, or an experiment's switch with its patch
-applied (e.g. ``bench/experiments/epilogue_prefetch.patch``).
+applied (as the experiment patches at commit 1168164 were).
 
-    python bench/experiments/ab_constant.py 256 atoms._gemm EPILOGUE_PREFETCH 0,4,8 --reps 2000
-    python bench/experiments/ab_constant.py 1024 atoms._microgemm PACK_LEFT_MIN_PANELS 16,1073741824
+    python bench/tools/ab_constant.py 256 atoms._gemm EPILOGUE_PREFETCH 0,4,8 --reps 2000
+    python bench/tools/ab_constant.py 1024 atoms._microgemm PACK_LEFT_MIN_PANELS 16,1073741824
 """
 import argparse
 import importlib
