@@ -20,18 +20,14 @@ it is; every other variant switches one mechanism back off:
   on every call instead of once per loaded value;
 - ``x·Aᵀ on dot``: the ``x·Aᵀ`` product on the ``dot`` micro-kernel (dot products along K)
   at every T, not on ``bcast`` from 256 rows;
-- ``x scanned first``: every row tile of ``x`` scanned for non-finite values before it is
-  read, instead of checked through the tile's sums (``_gemm.CHECK_LEFT_THROUGH_SUMS``);
 - ``remainder rows one by one``: a tile's rows past its last full micro-kernel block
   computed one at a time, with no block of 4 first;
 - ``left rows unpacked``: the ``bcast`` micro-kernel broadcasts a block's left elements
   straight from its rows, not from the block first copied into one interleaved buffer
-  (``_microgemm.PACK_LEFT_MIN_PANELS``);
-- ``tiles of whole blocks``: row tiles of whole 6-row blocks (at T=256, 132 rows for one
-  thread and 124 for the other), not about equal shares (``_gemm.BALANCED_TILES``).
+  (``_microgemm.PACK_LEFT_MIN_PANELS``).
 
     python bench/ab_seed.py 256 8192 32768
-    python bench/ab_seed.py 256 --variants "x scanned first,tiles of whole blocks" --reps 3000
+    python bench/ab_seed.py 256 --variants "left rows unpacked,B packed per call" --reps 3000
 """
 from __future__ import annotations
 
