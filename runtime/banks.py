@@ -276,30 +276,33 @@ open_safetensors = _suffix_opener(".safetensors", SafetensorsStore)
 open_npz = _suffix_opener(".npz", NpzStore)
 
 
-@hookimpl
-def formula_register_bank_stores(register):
-    register(open_safetensors)
-    register(open_npz)
+@hookimpl(trylast=True)  # after every third-party opener: they may claim these suffixes too
+def formula_open_bank_store(location):
+    for opener in (open_safetensors, open_npz):
+        store = opener(location)
+        if store is not None:
+            return store
+    return None
 
 
 def open_bank_store(location, registry=None):
-    """The store of the first registered opener that understands ``location``."""
+    """The store of the first plugin whose ``formula_open_bank_store`` understands ``location``."""
     if registry is None:
         from .registry import default_registry
 
         registry = default_registry()
-    for info, opener in registry.bank_openers:
-        try:
-            store = opener(location)
-        except FormulaError:
-            raise
-        except Exception as exc:  # a third-party opener must not leak its own exception types
-            raise FormulaError("bank_store", "$.banks",
-                               f"bank store opener {getattr(opener, '__name__', opener)!r} of plugin "
-                               f"{info.describe()} failed on {location!r}: {type(exc).__name__}: {exc}") from exc
-        if store is not None:
-            return store
-    names = ", ".join(f"{getattr(o, '__name__', o)} ({i.name})" for i, o in registry.bank_openers)
-    fail("bank_store", "$.banks",
-         f"no registered bank store opener understands {location!r} (openers: {names or 'none'}; "
-         f"built-in formats: .safetensors, .npz)")
+    hook = registry.pm.hook.formula_open_bank_store
+    try:
+        store = hook(location=location)
+    except FormulaError:
+        raise
+    except Exception as exc:  # a third-party opener must not leak its own exception types
+        raise FormulaError("bank_store", "$.banks",
+                           f"bank store opener of plugin {registry.raising_plugin(hook, exc)} "
+                           f"failed on {location!r}: {type(exc).__name__}: {exc}") from exc
+    if store is None:
+        names = ", ".join(registry.pm.get_name(impl.plugin) or "?" for impl in hook.get_hookimpls())
+        fail("bank_store", "$.banks",
+             f"no bank store opener understands {location!r} (plugins with openers: "
+             f"{names or 'none'}; built-in formats: .safetensors, .npz)")
+    return store

@@ -32,7 +32,8 @@ def atoms_table(registry) -> list[dict[str, Any]]:
     An alias (a second reference of the same spec, like the seed's digest refs) has
     ``alias_of`` set to the spec's primary reference."""
     rows = []
-    for ref, spec in registry.atoms.items():
+    for ref in registry.atoms:
+        spec = registry.atom(ref, "$")  # with kernels other plugins registered for it
         owner = registry.atom_owner.get(ref)
         rows.append({
             "reference": ref,
@@ -127,12 +128,14 @@ def plugins_report(registry) -> list[dict[str, Any]]:
             "elementwise": [s.name for s in atoms if s.elementwise is not None],
             "anchors": {s.name: _sorted_backends(s.anchors) for s in atoms if s.anchors},
             "backends": _backends_of(plugin, registry.backends),
+            "registered_kernels": sorted(f"{ref} on {backend}" for (ref, backend), e
+                                         in registry.kernels.items() if e.owner == info),
         })
     for problem in registry.problems:
         rows.append({"name": problem.plugin, "distribution": None, "version": None,
                      "status": "failed", "error": problem.error, "hooks": [], "atoms": [],
                      "references": [], "kernels": {}, "elementwise": [], "anchors": {},
-                     "backends": []})
+                     "backends": [], "registered_kernels": []})
     return rows
 
 

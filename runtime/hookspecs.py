@@ -1,7 +1,8 @@
 """The whole plugin surface of formula-runtime.
 
-Each hook receives a ``register`` callback owned by the host, so the registry knows which
-plugin provided what (for diagnostics and ``plugin_conflict`` messages naming both sides).
+The registration hooks receive a ``register`` callback owned by the host, so the registry
+knows which plugin provided what (for diagnostics and ``plugin_conflict`` messages naming
+both sides). The host calls every hook through pluggy, so hook wrappers and tracing see it.
 """
 from __future__ import annotations
 
@@ -25,6 +26,13 @@ def formula_register_backends(register):
 
 
 @hookspec
-def formula_register_bank_stores(register):
-    """Call ``register(opener)``: ``opener(location)`` returns a bank store for a location
-    (a path, a URL…) it understands, or None to let the next opener try."""
+def formula_register_kernels(register):
+    """Call ``register(atom_ref, backend, kernel=..., anchor=...)`` to give an atom kernels on a
+    backend, typically an atom another plugin owns (a ROCm backend's kernels for the built-in
+    atoms). They replace the atom's own ``AtomSpec.kernels`` / ``anchors`` for that backend."""
+
+
+@hookspec(firstresult=True)
+def formula_open_bank_store(location):
+    """Return a bank store for ``location`` (a path, a URL…) if the plugin understands it,
+    else None; the first store returned wins."""

@@ -1,4 +1,4 @@
-"""The plugin registry: atoms by reference, backends by name, bank store openers.
+"""The plugin registry: atoms by reference, backends by name, kernels per (atom, backend).
 
 Built-in atoms (``atoms``), built-in backends (``runtime.backends``) and third-party plugins
 from the ``formula_runtime.plugins`` entry-point group are registered the same way. A plugin
@@ -53,7 +53,9 @@ class Registry:
         self.atoms: dict[str, AtomSpec] = {}
         self.atom_owner: dict[str, PluginInfo] = {}
         self.backends: dict[str, object] = {}
-        self.bank_openers: list[tuple[PluginInfo, object]] = []
+        # (atom ref, backend) -> kernels a plugin registered for an atom it may not own
+        self.kernels: dict[tuple[str, str], KernelEntry] = {}
+        self._merged: dict[str, AtomSpec] = {}  # ref -> its spec with registered kernels in
         self.plugins: dict[str, PluginInfo] = {}
         self.problems: list[PluginProblem] = []
         for module_name in builtins:
@@ -80,16 +82,16 @@ class Registry:
             self.pm.check_pending()
             atoms: list[AtomSpec] = []
             backends: list[object] = []
-            openers: list[object] = []
-            for impl_name, sink in (("formula_register_atoms", atoms),
-                                    ("formula_register_backends", backends),
-                                    ("formula_register_bank_stores", openers)):
-                for impl in getattr(self.pm.hook, impl_name).get_hookimpls():
-                    if impl.plugin is plugin:
-                        impl.function(register=sink.append)
+            kernels: list[KernelEntry] = []
+            self._own_hook(plugin, "formula_register_atoms")(register=atoms.append)
+            self._own_hook(plugin, "formula_register_backends")(register=backends.append)
+            self._own_hook(plugin, "formula_register_kernels")(
+                register=lambda atom_ref, backend, kernel=None, anchor=None: kernels.append(
+                    _kernel_entry(atom_ref, backend, kernel, anchor, info)))
             for spec in atoms:
                 _check_spec(spec, info)
             self._claim_atoms(atoms, info)
+            self._claim_kernels(kernels, info)
         except FormulaError:
             self.pm.unregister(plugin)
             raise
@@ -100,9 +102,28 @@ class Registry:
                                f"{type(exc).__name__}: {exc}") from exc
         for backend in backends:
             self.backends[backend.name] = backend
-        self.bank_openers.extend((info, o) for o in openers)
+        for entry in kernels:
+            self.kernels[entry.atom_ref, entry.backend] = entry
+        self._merged.clear()
         self.plugins[info.name] = info
         return info
+
+    def _own_hook(self, plugin: object, name: str):
+        """The hook ``name`` called through pluggy on ``plugin``'s implementation alone, so
+        what ``register`` receives is attributed to it."""
+        others = [p for p in self.pm.get_plugins() if p is not plugin]
+        return self.pm.subset_hook_caller(name, remove_plugins=others)
+
+    def raising_plugin(self, hook, exc: BaseException) -> str:
+        """Which plugin's implementation of ``hook`` raised ``exc`` (from its traceback)."""
+        codes = {impl.function.__code__: impl.plugin_name for impl in hook.get_hookimpls()
+                 if hasattr(impl.function, "__code__")}
+        tb, name = exc.__traceback__, None
+        while tb is not None:  # the innermost hook implementation on the stack
+            name = codes.get(tb.tb_frame.f_code, name)
+            tb = tb.tb_next
+        info = self.plugins.get(name) if name else None
+        return info.describe() if info else (name or "?")
 
     def unregister(self, name: str) -> None:
         """Remove a plugin and everything it registered (used by the test fixture)."""
@@ -112,7 +133,8 @@ class Registry:
             self.pm.unregister(plugin)
         for ref in [r for r, owner in self.atom_owner.items() if owner == info]:
             del self.atoms[ref], self.atom_owner[ref]
-        self.bank_openers = [(i, o) for i, o in self.bank_openers if i != info]
+        self.kernels = {key: e for key, e in self.kernels.items() if e.owner != info}
+        self._merged.clear()
 
     def _claim_atoms(self, atoms: list[AtomSpec], info: PluginInfo) -> None:
         seen: dict[str, AtomSpec] = {}
@@ -127,6 +149,18 @@ class Registry:
         for ref, spec in seen.items():
             self.atoms[ref] = spec
             self.atom_owner[ref] = info
+
+    def _claim_kernels(self, kernels: list[KernelEntry], info: PluginInfo) -> None:
+        seen: set[tuple[str, str]] = set()
+        for entry in kernels:
+            key = (entry.atom_ref, entry.backend)
+            owner = self.kernels.get(key)
+            if owner is not None or key in seen:
+                other = owner.owner.describe() if owner else info.describe()
+                fail("plugin_conflict", f"plugins.{info.name}",
+                     f"kernels for atom {entry.atom_ref} on backend {entry.backend!r} are "
+                     f"registered by {other} and by {info.describe()}")
+            seen.add(key)
 
     def _load_entry_points(self) -> None:
         for ep in importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP):
@@ -149,15 +183,47 @@ class Registry:
 
     # --- lookup -------------------------------------------------------------------------
     def atom(self, ref: str, path: str) -> AtomSpec:
+        """The atom registered under ``ref``, with the kernels plugins registered for it
+        (``formula_register_kernels``) in place of its own for those backends."""
+        merged = self._merged.get(ref)
+        if merged is not None:
+            return merged
         spec = self.atoms.get(ref)
         if spec is not None:
-            return spec
+            merged = self._merged[ref] = self._with_kernels(spec)
+            return merged
         family = ref.split("@", 1)[0]
         same_family = sorted(r for r in self.atoms if r.split("@", 1)[0] == family)
         close = same_family or difflib.get_close_matches(ref, list(self.atoms), n=3, cutoff=0.6)
         hint = f"; registered references close to it: {', '.join(close)}" if close else ""
         hint += self._plugin_hint(family)
         fail("unknown_atom", path, f"no plugin registers atom {ref}{hint}")
+
+    def _with_kernels(self, spec: AtomSpec) -> AtomSpec:
+        entries = [e for (ref, _), e in self.kernels.items() if ref in spec.refs]
+        if not entries:
+            return spec
+        kernels, anchors = dict(spec.kernels), dict(spec.anchors)
+        counts_kernel, counts_anchor = set(spec.kernel_counts_nonfinite), set(spec.anchor_counts_nonfinite)
+        for e in entries:  # each replaces what it gives; finiteness counting was the atom's own
+            if e.kernel is not None:
+                kernels[e.backend] = e.kernel
+                counts_kernel.discard(e.backend)
+            if e.anchor is not None:
+                anchors[e.backend] = e.anchor
+                counts_anchor.discard(e.backend)
+        return attrs.evolve(spec, kernels=kernels, anchors=anchors,
+                            kernel_counts_nonfinite=frozenset(counts_kernel),
+                            anchor_counts_nonfinite=frozenset(counts_anchor))
+
+    def kernel_owner(self, spec: AtomSpec, backend: str) -> PluginInfo | None:
+        """The plugin that registered ``spec``'s kernels for ``backend`` through
+        ``formula_register_kernels``, or None when they are the atom's own."""
+        for ref in spec.refs:
+            entry = self.kernels.get((ref, backend))
+            if entry is not None:
+                return entry.owner
+        return None
 
     def _plugin_hint(self, family: str) -> str:
         hint = ""
@@ -177,6 +243,32 @@ class Registry:
         if reason:
             fail("backend_unavailable", path, f"backend {name!r} cannot run here: {reason}")
         return backend
+
+
+@attrs.frozen
+class KernelEntry:
+    """Kernels a plugin registered for one (atom reference, backend) pair."""
+
+    atom_ref: str
+    backend: str
+    kernel: object  # factory(node) as AtomSpec.kernels, or None
+    anchor: object  # factory(node, epilogue) as AtomSpec.anchors, or None
+    owner: PluginInfo
+
+
+def _kernel_entry(atom_ref, backend, kernel, anchor, info: PluginInfo) -> KernelEntry:
+    where = f"plugin {info.describe()}"
+    if not isinstance(atom_ref, str) or not is_ref(atom_ref):
+        raise ValueError(f"{where} registered kernels for a malformed atom reference {atom_ref!r}")
+    if not isinstance(backend, str) or not backend:
+        raise ValueError(f"{where} registered kernels for atom {atom_ref} on backend {backend!r}, "
+                         "which is not a backend name")
+    if kernel is None and anchor is None:
+        raise ValueError(f"{where} registered no kernel for atom {atom_ref} on {backend!r}")
+    for what, factory in (("kernel", kernel), ("anchor", anchor)):
+        if factory is not None and not callable(factory):
+            raise TypeError(f"{where}: the {what} for atom {atom_ref} on {backend!r} is not callable")
+    return KernelEntry(atom_ref, backend, kernel, anchor, info)
 
 
 def _known_plugin_families() -> dict[str, str]:

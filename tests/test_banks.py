@@ -148,19 +148,35 @@ def test_npz_with_pickled_objects_is_refused(tmp_path):
            match="pickle")
 
 
-def test_plugin_openers_are_tried_in_order_and_wrapped():
+def test_plugin_openers_are_asked_through_the_hook_first_answer_wins_errors_wrapped():
     reg = banks_registry()
     sentinel = object()
 
     class Plugin:
         @hookimpl
-        def formula_register_bank_stores(self, register):
-            register(lambda loc: sentinel if str(loc).startswith("mem://") else None)
-            register(lambda loc: 1 / 0 if str(loc).startswith("boom://") else None)
+        def formula_open_bank_store(self, location):
+            if str(location).startswith("boom://"):
+                return 1 / 0
+            return sentinel if str(location).startswith("mem://") else None
 
     reg.register(Plugin(), None)
     assert open_bank_store("mem://x", reg) is sentinel
     raises("bank_store", "$.banks", open_bank_store, "boom://x", reg, match="ZeroDivisionError")
+    raises("bank_store", "$.banks", open_bank_store, "boom://x", reg, match="plugin Plugin")
+    raises("bank_store", "$.banks", open_bank_store, "nope://x", reg, match="no bank store opener")
+
+
+def test_a_plugin_opener_may_claim_a_builtin_suffix(tmp_path):
+    reg = banks_registry()
+    sentinel = object()
+
+    class Plugin:
+        @hookimpl
+        def formula_open_bank_store(self, location):
+            return sentinel if str(location).endswith(".npz") else None
+
+    reg.register(Plugin(), None)
+    assert open_bank_store(tmp_path / "w.npz", reg) is sentinel  # the built-in opener runs last
 
 
 def test_public_names():
