@@ -17,7 +17,7 @@ _configure_numba_cache()  # before any @njit(cache=True) kernel is defined
 
 _LAZY = {
     "compile": "api", "execute": "api", "load_program": "api",
-    "BankOperand": "banks", "open_bank_store": "banks",
+    "BankOperand": "banks", "open_bank_store": "api",
     "Executable": "executor", "Result": "executor", "Program": "model",
 }
 

@@ -7,6 +7,7 @@ from typing import Any
 from . import loader
 from .executor import Executable, Result
 from .model import Program
+from .errors import FormulaError, fail
 from .registry import Registry, default_registry
 from .validate import validate
 
@@ -33,3 +34,23 @@ def execute(src: Any, inputs: Mapping[str, Any] | None = None, banks: Any = None
             registry: Registry | None = None, out: Mapping[str, Any] | None = None) -> Result:
     """Load, compile and run once. For repeated runs, keep ``compile``'s executable."""
     return compile(src, backend, registry).run(inputs=inputs, banks=banks, trace=trace, out=out)
+
+
+def open_bank_store(location, registry=None):
+    """The store of the first plugin whose ``formula_open_bank_store`` understands ``location``."""
+    registry = registry or default_registry()
+    hook = registry.pm.hook.formula_open_bank_store
+    try:
+        store = hook(location=location)
+    except FormulaError:
+        raise
+    except Exception as exc:  # a third-party opener must not leak its own exception types
+        raise FormulaError("bank_store", "$.banks",
+                           f"bank store opener of plugin {registry.raising_plugin(hook, exc)} "
+                           f"failed on {location!r}: {type(exc).__name__}: {exc}") from exc
+    if store is None:
+        names = ", ".join(registry.pm.get_name(impl.plugin) or "?" for impl in hook.get_hookimpls())
+        fail("bank_store", "$.banks",
+             f"no bank store opener understands {location!r} (plugins with openers: "
+             f"{names or 'none'}; built-in formats: .safetensors, .npz)")
+    return store

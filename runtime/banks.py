@@ -283,26 +283,3 @@ def formula_open_bank_store(location):
         if store is not None:
             return store
     return None
-
-
-def open_bank_store(location, registry=None):
-    """The store of the first plugin whose ``formula_open_bank_store`` understands ``location``."""
-    if registry is None:
-        from .registry import default_registry
-
-        registry = default_registry()
-    hook = registry.pm.hook.formula_open_bank_store
-    try:
-        store = hook(location=location)
-    except FormulaError:
-        raise
-    except Exception as exc:  # a third-party opener must not leak its own exception types
-        raise FormulaError("bank_store", "$.banks",
-                           f"bank store opener of plugin {registry.raising_plugin(hook, exc)} "
-                           f"failed on {location!r}: {type(exc).__name__}: {exc}") from exc
-    if store is None:
-        names = ", ".join(registry.pm.get_name(impl.plugin) or "?" for impl in hook.get_hookimpls())
-        fail("bank_store", "$.banks",
-             f"no bank store opener understands {location!r} (plugins with openers: "
-             f"{names or 'none'}; built-in formats: .safetensors, .npz)")
-    return store

@@ -24,11 +24,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .backends.cuda import is_device_array
+from .arrays import is_device_array
 from .finite import all_finite, device_all_finite
 from .banks import BankOperand, binding_identity, tensor_fingerprint
 from .errors import FormulaError, fail
-from .resident import ResidentBanks
+from .resident import ResidentBanks, owned_copy
 from .types import FLOAT_DTYPES, formula_dtype, numpy_dtype
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -456,3 +456,19 @@ class _Symbols:
         elif known != extent:
             fail("symbol_conflict", path,
                  f"symbol {symbol!r} is {known} at {self.where[symbol]} but {extent} at {where}")
+
+
+def load_resident(program, banks: Any, backend) -> ResidentBanks:
+    """Check ``banks`` as a run would (every SPEC §4 rule) and keep the runtime's own copies
+    of them (on the device too, for a device backend): ``Executable.load_banks``."""
+    bound, where = bind_banks(program, banks)
+    owned = {name: owned_copy(v) for name, v in bound.values.items()}
+    if backend.device_memory:
+        on_backend = {name: backend.to_backend(v) for name, v in owned.items()}
+        backend.synchronize()
+    else:
+        on_backend = owned
+    return ResidentBanks(program.bank_signature, backend.name, MappingProxyType(owned),
+                         MappingProxyType(on_backend), MappingProxyType(dict(bound.dims)),
+                         MappingProxyType(where), sum(a.nbytes for a in owned.values()),
+                         tuple((a.dtype, a.shape) for a in owned.values()))

@@ -242,7 +242,7 @@ def _values(program, args) -> tuple[dict[str, Any], Any]:
     inputs: dict[str, Any] | None = read_arrays(args.inputs, "$.inputs") if args.inputs else None
     banks: Any = None
     if args.banks:
-        from .banks import open_bank_store
+        from .api import open_bank_store
 
         banks = open_bank_store(Path(args.banks))
     if args.random:

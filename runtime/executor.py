@@ -19,8 +19,8 @@ import numpy as np
 
 from .atomspec import Node
 from .backends.base import Backend
-from .backends.cuda import is_device_array
-from .bindings import Binder
+from .arrays import is_device_array
+from .bindings import Binder, load_resident
 from .driver import Driver, build_driver
 from .errors import fail
 from .model import Program
@@ -28,7 +28,6 @@ from .outputs import ResultPool, check_out
 from .planner import Plan, make_plan
 from .registry import Registry
 from .resident import ResidentBanks
-from .resident import load as load_resident
 from .resolve import resolve_nodes
 from .types import FLOAT_DTYPES, TensorType, formula_dtype
 

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .backends.cuda import is_device_array
+from .arrays import is_device_array
 from .errors import fail
 
 
@@ -68,23 +68,7 @@ class ResidentBanks:
         return f"ResidentBanks({shapes}; backend {self.backend!r}, {self.nbytes} bytes)"
 
 
-def load(program, banks: Any, backend) -> ResidentBanks:
-    """Check ``banks`` as a run would (every SPEC §4 rule) and keep owned copies of them."""
-    from .bindings import bind_banks  # (bindings imports this module)
-
-    bound, where = bind_banks(program, banks)
-    owned = {name: _owned_copy(v) for name, v in bound.values.items()}
-    if backend.device_memory:
-        on_backend = {name: backend.to_backend(v) for name, v in owned.items()}
-        backend.synchronize()
-    else:
-        on_backend = owned
-    return ResidentBanks(program.bank_signature, backend.name, types.MappingProxyType(owned),
-                         types.MappingProxyType(on_backend), types.MappingProxyType(dict(bound.dims)),
-                         types.MappingProxyType(where), sum(a.nbytes for a in owned.values()),
-                         tuple((a.dtype, a.shape) for a in owned.values()))
-
-
-def _owned_copy(value) -> np.ndarray:
+def owned_copy(value) -> np.ndarray:
+    """The runtime's own C-order host copy of a bank value."""
     host = value.copy_to_host() if is_device_array(value) else value
     return np.array(host, order="C", copy=True)

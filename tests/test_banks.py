@@ -10,7 +10,8 @@ from safetensors.numpy import save_file
 
 import runtime
 from runtime import FormulaError, loader
-from runtime.banks import BankOperand, NpzStore, SafetensorsStore, open_bank_store, tensor_fingerprint
+from runtime.api import open_bank_store
+from runtime.banks import BankOperand, NpzStore, SafetensorsStore, tensor_fingerprint
 from runtime.bindings import bind_values
 from runtime.hookspecs import hookimpl
 from runtime.registry import Registry

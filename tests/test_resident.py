@@ -189,7 +189,7 @@ def test_resident_banks_serve_only_programs_with_the_same_bank_bindings():
 
 def test_device_backend_holds_device_copies_and_refuses_host_loaded_banks():
     """On the CUDA simulator, so on a small program (it runs a Python thread per element)."""
-    from runtime.backends.cuda import is_device_array
+    from runtime.arrays import is_device_array
 
     program = symbol_program()
     rng = np.random.default_rng(2)

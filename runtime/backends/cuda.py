@@ -6,31 +6,13 @@ itself unavailable and the other backends keep working.
 """
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
-from ..layout import keepdims_aligner, keepdims_order
+from ..arrays import is_device_array
 from ..types import TensorType, numpy_dtype
 from .base import Backend
 
 ARENA_ALIGNMENT = 256  # cudaMalloc alignment; the planner's offsets are multiples of 64
-
-
-def is_device_array(value) -> bool:
-    """A CUDA array (any library's); the simulator's arrays count too, once it is loaded."""
-    if isinstance(value, np.ndarray):
-        return False
-    if hasattr(value, "__cuda_array_interface__"):
-        return True
-    if "numba.cuda" not in sys.modules:  # nobody made device arrays without loading it
-        return False
-    from numba import cuda
-
-    if hasattr(cuda, "is_cuda_array"):
-        return cuda.is_cuda_array(value)
-    fake = getattr(cuda.devicearray, "FakeCUDAArray", None)  # the simulator's device arrays
-    return fake is not None and isinstance(value, fake)
 
 
 class CudaBackend(Backend):
@@ -77,16 +59,9 @@ class CudaBackend(Backend):
         return value.copy_to_host()
 
     def aligner(self, value_type: TensorType, target: TensorType):
-        """Device operands in keepdims form: a view when the operand's axes already follow
-        the target's order, else a transposed copy through the host."""
-        order, keep_shape = keepdims_order(value_type, target)
-        if order == tuple(sorted(order)):
-            return keepdims_aligner(value_type, target)  # a view (reshape) on any array kind
+        from .cuda_codegen import device_aligner  # (kernel machinery: loaded on first use)
 
-        def transposed(value):
-            host = self.to_host(value).transpose(order)
-            return self.cuda.to_device(np.ascontiguousarray(host).reshape(keep_shape))
-        return transposed
+        return device_aligner(value_type, target)
 
     def elementwise_kernel(self, epilogue, out_type):
         from .cuda_codegen import elementwise_kernel

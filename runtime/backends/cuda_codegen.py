@@ -11,8 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from ..codegen import configure_numba_cache, load_generated
 from ..fusion import Epilogue
+from ..layout import keepdims_aligner, keepdims_order
 from ..types import TensorType
 from .cpu_codegen import broadcast_axes, index_expr, numba_type
 
@@ -20,12 +23,25 @@ THREADS_PER_BLOCK = 128
 MAX_BLOCKS = 8192  # grid-stride beyond this: enough blocks to fill any current GPU
 
 
-def align_device(value, value_type: TensorType, target: TensorType):
-    """``value`` (a device array) in keepdims form for ``target``: its rank and axis order,
-    extent 1 where broadcast (the CUDA backend's own alignment)."""
-    from .cuda import CudaBackend
+def device_aligner(value_type: TensorType, target: TensorType):
+    """A function giving a device value of ``value_type`` in keepdims form for ``target`` (its
+    rank and axis order, extent 1 where broadcast): a view when the axes already follow the
+    target's order, else a transposed copy through the host."""
+    order, keep_shape = keepdims_order(value_type, target)
+    if order == tuple(sorted(order)):
+        return keepdims_aligner(value_type, target)  # a view (reshape) on any array kind
 
-    return CudaBackend().aligner(value_type, target)(value)
+    def transposed(value):
+        from numba import cuda
+
+        host = value.copy_to_host().transpose(order)
+        return cuda.to_device(np.ascontiguousarray(host).reshape(keep_shape))
+    return transposed
+
+
+def align_device(value, value_type: TensorType, target: TensorType):
+    """``value`` (a device array) in keepdims form for ``target``."""
+    return device_aligner(value_type, target)(value)
 
 
 def render(name: str, params: Sequence[str], dims: Sequence[str], body: Sequence[str]) -> str:
