@@ -4,7 +4,7 @@ A run binds and checks the values (SPEC §4), finds or builds the compiled plan 
 extents (types, fused groups, kernels, arena layout, memory preflight — all before anything
 is allocated), then launches one kernel per group. Results never alias the arena or memory
 a later run writes: they are the caller's ``out=`` arrays, or arrays of the plan's
-:class:`~runtime.outputs.ResultPool` (fresh, or ones the caller has let go of entirely).
+:class:`~runtime.pool.ResultPool` (fresh, or ones the caller has let go of entirely).
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from .bindings import Binder, load_resident
 from .driver import Driver, build_driver
 from .errors import fail
 from .model import Program
-from .outputs import ResultPool, check_out
+from .outputs import check_out
+from .pool import ResultPool
 from .planner import Plan, make_plan
 from .registry import Registry
 from .resident import ResidentBanks

@@ -6,58 +6,21 @@ whole kernel. Two ways to avoid it without ever overwriting memory the caller ca
 
 * ``out=``: the caller hands in the arrays to write (checked like bindings: keys, shape,
   dtype, layout, no overlap with any operand or other output).
-* :class:`ResultPool`: each compiled plan keeps the last few result arrays it handed out and
+* :class:`runtime.pool.ResultPool`: each compiled plan keeps the last few result arrays it handed out and
   reuses one only once nothing but the pool refers to it — no name, container, view,
   buffer export or weak reference. That is exactly the state in which freeing it would be
   safe, so reuse is indistinguishable from ``free`` followed by ``malloc`` of warm memory.
 """
 from __future__ import annotations
 
-import sys
-import threading
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from .errors import fail
+
 from .types import TensorType, numpy_dtype
-
-KEEP_PER_SLOT = 2  # `y = exe.run(...)` in a loop still holds the previous result during a run
-_IDLE = 3  # getrefcount of a pooled array nothing else holds: the list, the loop variable, the call's argument
-
-
-class ResultPool:
-    """Result arrays lent to callers, per output slot, reclaimed once they are unreferenced.
-
-    An array stays in the pool while a run writes it and while the caller holds it: the
-    references of either keep it from being taken again, so a run takes one without
-    removing it, and nothing has to be put back after the run."""
-
-    def __init__(self):
-        self._lent: dict[str, list[Any]] = {}
-        self._lock = threading.Lock()
-
-    def take(self, slot: str, make: Callable[[], Any]) -> Any:
-        """An array for ``slot``'s result: a pooled one that nothing else refers to (no name,
-        container, view, buffer export or weak reference), else ``make()``, pooled from now on."""
-        with self._lock:  # the caller's reference exists before another run can look
-            for value in self._lent.get(slot, ()):
-                if sys.getrefcount(value) == _IDLE and not weakref.getweakrefcount(value):
-                    return value
-        value = make()
-        with self._lock:
-            lent = self._lent.setdefault(slot, [])
-            lent.append(value)
-            if len(lent) > KEEP_PER_SLOT:
-                del lent[0]  # the caller keeps it; it is simply no longer ours to reuse
-        return value
-
-    def clear(self) -> None:
-        with self._lock:
-            self._lent.clear()
-
 
 def check_out(out: Any, outputs: tuple[str, ...], types: Mapping[str, TensorType],
               operands: Mapping[str, Any], device: Callable[[Any], bool]) -> dict[str, Any]:

@@ -18,9 +18,8 @@ from .atomspec import Node
 from .errors import fail
 from .grouping import Group, make_groups
 from .model import type_to_dict
-from .types import TensorType
+from .types import ITEMSIZE, TensorType
 
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int64": 8, "boolean": 1}
 PINNED = ("input", "bank", "output")
 
 

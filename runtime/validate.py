@@ -9,7 +9,7 @@ from .atomspec import InferContext
 from .errors import fail
 from .model import BankBinding, Program
 from .registry import Registry
-from .types import TensorType, numpy_dtype
+from .types import FLOAT_DTYPES, ITEMSIZE, TensorType
 
 ROLE_OF_KIND = {"input": "input", "bank": "bank_operand"}
 
@@ -76,10 +76,8 @@ def check_type_limits(t: TensorType, lim, path: str, what: str) -> None:
     if elements > lim.max_tensor_elements:
         fail("limit_exceeded", path, f"{what} has at least {elements} elements; "
                                      f"max_tensor_elements = {lim.max_tensor_elements}")
-    if t.dtype != "floating":
-        itemsize = 2 if t.dtype == "bfloat16" else numpy_dtype(t.dtype).itemsize
-    else:
-        itemsize = 2  # the smallest float: a lower bound until the dtype is known
+    # 'floating': the smallest float's size, a lower bound until the dtype is known
+    itemsize = ITEMSIZE.get(t.dtype, min(ITEMSIZE[d] for d in FLOAT_DTYPES))
     if elements * itemsize > lim.max_tensor_bytes:
         fail("limit_exceeded", path, f"{what} needs at least {elements * itemsize} bytes; "
                                      f"max_tensor_bytes = {lim.max_tensor_bytes}")
