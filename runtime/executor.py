@@ -17,12 +17,13 @@ from typing import Any
 import attrs
 import numpy as np
 
+from . import compilelog
 from .atomspec import Node
 from .backends.base import Backend
 from .arrays import is_device_array
 from .bindings import Binder, load_resident
 from .driver import Driver, build_driver
-from .errors import fail
+from .errors import did_you_mean, fail
 from .model import Program
 from .outputs import check_out
 from .pool import ResultPool
@@ -145,6 +146,7 @@ class Executable:
         self._by_structure: dict[tuple, CompiledPlan] = {}
         self._last_structure: tuple[tuple | None, CompiledPlan | None] = (None, None)
         self._binder = Binder(program, self._deferred_finite)
+        compilelog.install()  # kernels compile lazily, on first call: say so on runtime.compile
 
     def release_memory(self) -> None:
         """Give back what the executable keeps between runs — idle arenas and released result
@@ -413,7 +415,8 @@ def _check_dims(program: Program, dims: Mapping[str, int]) -> dict[str, int]:
     out = {}
     for name, extent in dims.items():
         if name not in symbols:
-            fail("binding_keys", f"$.dims.{name}", f"program has no symbol {name!r} (symbols: {sorted(symbols)})")
+            fail("binding_keys", f"$.dims.{name}", f"program has no symbol {name!r}"
+                 f"{did_you_mean(str(name), symbols)} (symbols: {sorted(symbols)})")
         if isinstance(extent, bool) or not isinstance(extent, int) or extent < 1:
             fail("binding_shape", f"$.dims.{name}", f"extent of {name!r} must be a positive integer, got {extent!r}")
         out[name] = extent
