@@ -18,9 +18,12 @@ _install_lock = threading.Lock()
 
 
 def _name(event) -> str:
+    """``module.qualname`` of the function compiling (generated kernels share short names)."""
     dispatcher = (event.data or {}).get("dispatcher")
-    func = getattr(dispatcher, "py_func", None)
-    return getattr(func, "__qualname__", None) or getattr(dispatcher, "__name__", "kernel")
+    func = getattr(dispatcher, "py_func", dispatcher)
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", "function")
+    module = getattr(func, "__module__", None)
+    return f"{module}.{name}" if module else name
 
 
 def install() -> None:

@@ -162,7 +162,7 @@ class Executable:
         """The schedule, lifetimes, arena offsets and memory verdict for these extents. With
         ``enforce=False`` a working set over ``max_working_bytes`` gives a plan whose verdict
         is "exceeds" (nothing is compiled) instead of ``limit_exceeded``."""
-        dims = _check_dims(self.program, dims or {})
+        dims = check_dims(self.program, dims or {})
         if not enforce:
             return self._schedule(dims, dict(dtypes or {}), enforce=False)[0]
         return self._compiled(dims, dict(dtypes or {})).plan
@@ -408,7 +408,7 @@ def _check(node: Node, positions, fetch) -> None:
     node.atom.check_values(node, host)
 
 
-def _check_dims(program: Program, dims: Mapping[str, int]) -> dict[str, int]:
+def check_dims(program: Program, dims: Mapping[str, int]) -> dict[str, int]:
     if not isinstance(dims, Mapping):
         fail("schema", "$.dims", f"dims must be a mapping of symbol to extent, got {type(dims).__name__}")
     symbols = set(program.symbols)

@@ -129,7 +129,7 @@ def test_bench(capsys):
     assert "first run" in out and "median" in out and "banks loaded once" in out
     assert main(["bench", SEED, *DIMS, "--repeat", "1", "--banks-per-run"]) == 0
     assert "banks passed per run" in capsys.readouterr().out
-    assert main(["bench", SEED, *DIMS, "--repeat", "0"]) == 1
+    assert main(["bench", SEED, *DIMS, "--repeat", "0"]) == 2  # a usage error, before any work
 
 
 def test_atoms_and_plugins(capsys):
@@ -224,7 +224,8 @@ def test_plan_over_max_working_bytes_is_reported_with_its_verdict(tmp_path, caps
     assert "EXCEEDS max_working_bytes" in out and "[1]" in out  # the whole schedule, then the verdict
     assert main(["plan", str(path), "--dim", "B=4", "--dim", "S=2048", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert report["verdict"] == "exceeds" and report["fits"] is False
+    assert report["ok"] is False and report["plan"]["verdict"] == "exceeds"
+    assert report["plan"]["fits"] is False
     import runtime
 
     exe = runtime.compile(prog, "cpu")
