@@ -329,7 +329,7 @@ def test_json_validate_and_errors(tmp_path, capsys):
     assert s["symbols"] == ["B", "S"] and s["instructions"] == 5
     assert [o["slot"] for o in s["outputs"]] == ["%4"]
     assert s["outputs"][0]["type"].startswith("float32[B=B, S=S, Dout=1024]")
-    assert {b["name"] for b in s["bindings"] if b["kind"] == "bank"} == {"A", "B"}
+    assert {b["name"] for b in s["bindings"] if b["kind"] == "bank"} == {"lora.A", "lora.B"}
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert main(["validate", str(bad), "--json"]) == 1
