@@ -228,7 +228,8 @@ class _CompileNotice(logging.Handler):
             return
         if self.tty:
             self.stream.write("\r" + " " * 99 + "\r")
-        print(f"compiled {self.count} kernels in {time.perf_counter() - self.started:.1f} s",
+        kernels = "kernel" if self.count == 1 else "kernels"
+        print(f"compiled {self.count} {kernels} in {time.perf_counter() - self.started:.1f} s",
               file=self.stream, flush=True)
 
 
