@@ -315,9 +315,22 @@ def test_numeric_arguments_are_usage_errors(args, capsys, no_work):
 
 
 # --- --json on every verb ------------------------------------------------------------------
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
 def _json(capsys) -> dict:
+    """The --json answer, checked against its row in the README's table of shapes."""
     doc = json.loads(capsys.readouterr().out)
     assert list(doc)[:2] == ["command", "ok"]
+    verb = "any, on error" if "error" in doc else f"`{doc['command']}`"
+    (row,) = [line for line in README.read_text().splitlines() if line.startswith(f"| {verb} |")]
+    undocumented = [key for key in doc if f'"{key}"' not in row]
+    assert not undocumented, f"README does not document {undocumented} of {verb}"
+    for key in ("summary", "plan"):
+        for inner in doc.get(key) or {}:
+            assert f'"{inner}"' in row, (key, inner)
+    for item in (doc.get("atoms") or doc.get("plugins") or [])[:1]:
+        assert all(f'"{k}"' in row for k in item), (verb, item)
     return doc
 
 
