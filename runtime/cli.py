@@ -215,8 +215,8 @@ class _CompileNotice(logging.Handler):
         self.count += 1
         if self.started is None:
             self.started = time.perf_counter()
-            print(f"compiling kernels (first use of these shapes; kept in {cache_dir()} for "
-                  f"later runs)…", file=self.stream, flush=True)
+            print(f"compiling kernels (first use of these shapes; cached in {cache_dir()})…",
+                  file=self.stream, flush=True)
         if self.tty:
             line = f"  {self.count} compiled, {time.perf_counter() - self.started:.0f} s: {record.getMessage()}"
             self.stream.write("\r" + line[:99].ljust(99))

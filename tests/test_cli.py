@@ -398,3 +398,31 @@ def test_compile_notice_goes_to_stderr(capsys, monkeypatch):
     with _compile_feedback():  # nothing compiled (cache hits): nothing said
         pass
     assert capsys.readouterr().err == ""
+
+
+def test_compile_notice_counts_live_on_a_terminal():
+    import io
+
+    from runtime.cli import _CompileNotice
+    from runtime.compilelog import log
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    notice = _CompileNotice(stream)
+    log.addHandler(notice)
+    level = log.level
+    log.setLevel("INFO")
+    try:
+        log.info("compiling %s", "m.kernel")
+        log.info("compiling %s", "m.other")
+    finally:
+        log.removeHandler(notice)
+        log.setLevel(level)
+    notice.finish()
+    text = stream.getvalue()
+    assert "\r  1 compiled" in text and "\r  2 compiled" in text and "m.other" in text
+    assert text.endswith("compiled 2 kernels in 0.0 s\n")
+    assert max(len(part) for part in text.split("\r")[1:]) <= 100  # the live line fits a terminal
