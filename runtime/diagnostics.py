@@ -214,6 +214,8 @@ def format_plugins(rows: Sequence[dict[str, Any]]) -> str:
             lines += _wrapped("  fusion      ", "; ".join(fusion) or "-")
         if r["backends"]:
             lines += _wrapped("  backends    ", ", ".join(r["backends"]))
+        if r.get("registered_kernels"):
+            lines += _wrapped("  gives       ", "kernels for " + ", ".join(r["registered_kernels"]))
         blocks.append("\n".join(lines))
     failed = sum(r["status"] == "failed" for r in rows)
     tail = f"{len(rows) - failed} plugins loaded" + (f", {failed} failed to load" if failed else "")
