@@ -50,3 +50,16 @@ def test_links_stay_in_the_repository(page: Path):
         target = (page.parent / link.split("#")[0]).resolve()
         assert target.is_relative_to(ROOT), f"{page.name}: {link} leaves the repository"
         assert target.exists(), f"{page.name}: {link} names nothing in the repository"
+
+
+def test_ci_runs_the_readme_test_command_and_nothing_that_installs():
+    """.ci/run takes its command from the README, so the README's is what CI proves; it may
+    not add an install step (an upgraded pip once hid a command that failed on stock pip)."""
+    import subprocess
+
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "pip install" not in script and "--upgrade" not in script
+    extract = script.split("command=$(", 1)[1].split(")\n", 1)[0]
+    found = subprocess.run(["bash", "-c", extract], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert found.startswith("python3 -m venv .venv && ") and "python -m pytest tests" in found
+    assert found in (ROOT / "README.md").read_text()
