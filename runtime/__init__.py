@@ -2,6 +2,7 @@
 
     import runtime
     result = runtime.execute("examples/seed-lora-silu.program.json", inputs={...}, banks={...})
+    b = runtime.ProgramBuilder()     # programs from Python (runtime.build), checked as they grow
 
 Public names are loaded on first use, so importing a submodule (an atom plugin importing
 ``runtime.atomspec``) stays cheap.
@@ -19,6 +20,7 @@ _LAZY = {
     "compile": "api", "execute": "api", "load_program": "api",
     "BankOperand": "banks", "open_bank_store": "api",
     "Executable": "executor", "Result": "executor", "Program": "model",
+    "ProgramBuilder": "build",
 }
 
 __all__ = ["FormulaError", *_LAZY]

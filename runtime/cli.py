@@ -3,6 +3,15 @@
 Every ``FormulaError`` is printed as ``error [code] path: message`` on stderr with exit status
 1, so a bad program or bad input never shows a traceback. An unexpected exception (a bug) is
 reported in one line with exit status 2; ``FORMULA_DEBUG=1`` re-raises it for the traceback.
+A malformed argument (``--dim B``, ``--seed -1``) is a usage error, exit status 2.
+
+Every argument is checked before any work: the syntax by argparse, then repeated ``--dim``s,
+``--out`` (an ``.npz`` in an existing directory), the ``--inputs`` file and the backend, then
+(once the program is loaded) unknown symbols, missing values and the ``--banks`` store.
+
+``--json`` (every verb) prints one JSON object on stdout, ``{"command": VERB, "ok": bool,
+...}``, with the verb's payload (README, "The CLI") or ``"error": {"code", "path",
+"message"}``; the text report and progress still go to stderr.
 
 Files: ``--inputs`` is an ``.npz`` or ``.safetensors`` file of arrays named by input binding;
 ``--banks`` is a bank store (see ``runtime.banks`` for the key layout); ``--out`` writes the
@@ -12,7 +21,9 @@ outputs to an ``.npz`` named by slot id. ``--random`` makes normal floats, int64
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import statistics
 import sys
@@ -22,7 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import FormulaError, fail
+from .errors import FormulaError, did_you_mean, fail
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args) or 0
     except FormulaError as exc:
         print(f"error [{exc.code}] {exc.path}: {exc.message}", file=sys.stderr)
+        if getattr(args, "json", False):
+            _emit(args, False, error={"code": exc.code, "path": exc.path, "message": exc.message})
         return 1
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -50,6 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"internal error: {type(exc).__name__}: {exc} (set FORMULA_DEBUG=1 for a traceback)",
               file=sys.stderr)
         return 2
+
+
+def _emit(args, ok: bool, **payload: Any) -> None:
+    """The ``--json`` answer: one object, ``command`` and ``ok`` first."""
+    print(json.dumps({"command": args.command, "ok": ok, **payload}, indent=2, default=str))
 
 
 # --- arguments ---------------------------------------------------------------------------
@@ -66,6 +84,19 @@ def _dim(text: str) -> tuple[str, int]:
     return name.strip(), extent
 
 
+def _count(minimum: int):
+    """An argparse type: an integer ≥ ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be ≥ {minimum}, got {value}")
+        return value
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -78,7 +109,10 @@ def _parser() -> argparse.ArgumentParser:
         if program:
             c.add_argument("program", metavar="PROGRAM", help="program JSON file")
         if backend:
-            c.add_argument("--backend", default="cpu", help="reference, cpu or cuda (default: cpu)")
+            c.add_argument("--backend", default="cpu",
+                           help="a registered backend: reference, cpu, cuda or a plugin's (default: cpu)")
+        c.add_argument("--json", action="store_true",
+                       help="print one JSON object on stdout (shape: README, 'The CLI')")
         c.set_defaults(func=func)
         return c
 
@@ -87,8 +121,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="extent of a size symbol (repeatable)")
 
     def random(c):
-        c.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-        c.add_argument("--int-high", type=int, default=1, metavar="N",
+        c.add_argument("--seed", type=_count(0), default=0, help="random seed, ≥ 0 (default 0)")
+        c.add_argument("--int-high", type=_count(1), default=1, metavar="N",
                        help="random int64 values are drawn from [0, N) (default 1)")
 
     command("validate", _validate, "Load and validate a program; print a summary.")
@@ -103,12 +137,11 @@ def _parser() -> argparse.ArgumentParser:
     c = command("plan", _plan, "Print the schedule, lifetimes, arena and memory for extents.",
                 backend=True)
     dims(c)
-    c.add_argument("--json", action="store_true", help="print the plan as JSON")
     c = command("bench", _bench, "Time runs on random inputs.", backend=True)
     dims(c)
     random(c)
-    c.add_argument("--repeat", type=int, default=10, metavar="N", help="timed runs (default 10)")
-    c.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed runs (default 1)")
+    c.add_argument("--repeat", type=_count(1), default=10, metavar="N", help="timed runs (default 10)")
+    c.add_argument("--warmup", type=_count(0), default=1, metavar="N", help="untimed runs (default 1)")
     c.add_argument("--banks-per-run", action="store_true",
                    help="pass the banks to every run instead of loading them once (load_banks)")
     command("atoms", _atoms, "List the registered atoms.", program=False)
@@ -116,94 +149,225 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# --- checks before any work ---------------------------------------------------------------
+def _checked_dims(args) -> dict[str, int]:
+    """``--dim``s as a dict; a symbol given twice is an error, not a silent override."""
+    dims: dict[str, int] = {}
+    for name, extent in getattr(args, "dim", []):
+        if name in dims:
+            fail("duplicate", f"$.dims.{name}",
+                 f"--dim {name} is given twice ({dims[name]} and {extent}): give each symbol once")
+        dims[name] = extent
+    return dims
+
+
+def _check_files(args) -> None:
+    """``--out`` must be an ``.npz`` that can be created; ``--inputs`` must exist."""
+    out = getattr(args, "out", None)
+    if out:
+        path = Path(out)
+        if path.suffix.lower() != ".npz":
+            fail("schema", "$.out", f"--out {out!r}: expected a file name ending in .npz "
+                 f"(the outputs are written as an .npz of arrays by slot id)")
+        if path.is_dir():
+            fail("schema", "$.out", f"--out {out!r} is a directory: expected a file name ending in .npz")
+        parent = path.parent
+        if not parent.is_dir():
+            fail("schema", "$.out", f"--out {out!r}: directory {str(parent)!r} does not exist")
+        if not os.access(parent, os.W_OK):
+            fail("schema", "$.out", f"--out {out!r}: directory {str(parent)!r} is not writable")
+    given = getattr(args, "inputs", None)  # (--banks may name a plugin's store: its opener checks it)
+    if given and not Path(given).is_file():
+        fail("schema", "$.inputs", f"--inputs {given!r}: no such file")
+
+
+def _prepare(args):
+    """Check every argument, then load the program and compile it for ``--backend``:
+    (executable, dims). Nothing proportional to the data has run yet."""
+    from .api import compile as compile_program
+    from .executor import check_dims
+    from .registry import default_registry
+
+    dims = _checked_dims(args)
+    _check_files(args)
+    registry = default_registry()
+    registry.backend(args.backend)  # unknown or unavailable here: before the program is read
+    exe = compile_program(Path(args.program), backend=args.backend, registry=registry)
+    return exe, check_dims(exe.program, dims)
+
+
+class _CompileNotice(logging.Handler):
+    """Says on stderr that kernels are compiling (a cache miss, logged on ``runtime.compile``):
+    one line when the first starts, a live count on a terminal, a total when done."""
+
+    def __init__(self, stream):
+        super().__init__(logging.INFO)
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.count = 0
+        self.started: float | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno != logging.INFO:
+            return
+        from .codegen import cache_dir
+
+        self.count += 1
+        if self.started is None:
+            self.started = time.perf_counter()
+            print(f"compiling kernels (first use of these shapes; cached in {cache_dir()})…",
+                  file=self.stream, flush=True)
+        if self.tty:
+            line = f"  {self.count} compiled, {time.perf_counter() - self.started:.0f} s: {record.getMessage()}"
+            self.stream.write("\r" + line[:99].ljust(99))
+            self.stream.flush()
+
+    def finish(self) -> None:
+        if self.started is None:
+            return
+        if self.tty:
+            self.stream.write("\r" + " " * 99 + "\r")
+        kernels = "kernel" if self.count == 1 else "kernels"
+        print(f"compiled {self.count} {kernels} in {time.perf_counter() - self.started:.1f} s",
+              file=self.stream, flush=True)
+
+
+@contextlib.contextmanager
+def _compile_feedback():
+    from .compilelog import log
+
+    notice = _CompileNotice(sys.stderr)
+    level = log.level
+    log.addHandler(notice)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(notice)
+        log.setLevel(level)
+        notice.finish()
+
+
 # --- commands ----------------------------------------------------------------------------
 def _validate(args) -> int:
     from .api import load_program
 
     program = load_program(Path(args.program))
+    if args.json:
+        _emit(args, True, program=args.program, summary=summary_dict(program))
+        return 0
     print(f"ok: {args.program}")
     for line in summary(program):
         print(line)
     return 0
 
 
+def summary_dict(program) -> dict[str, Any]:
+    """``formula validate --json``'s summary: what :func:`summary` prints, as data."""
+    return {
+        "fingerprint": program.fingerprint,
+        "bindings": [{"kind": b.kind, "name": b.name, "type": b.value_type.describe(),
+                      "partition_id": b.partition_id if b.kind == "bank" else None,
+                      "bundle_id": b.bundle_id if b.kind == "bank" else None,
+                      "member_ids": list(b.member_ids) if b.kind == "bank" else [],
+                      "asset_fingerprint": b.asset_fingerprint if b.kind == "bank" else None}
+                     for b in program.bindings],
+        "slots": len(program.slots),
+        "instructions": len(program.instructions),
+        "steps": len({i.step for i in program.instructions}),
+        "outputs": [{"slot": o, "type": program.slot(o).value_type.describe()} for o in program.outputs],
+        "symbols": list(program.symbols),
+    }
+
+
 def summary(program) -> list[str]:
     """Human-readable lines describing a validated program."""
+    data = summary_dict(program)
     inputs, banks = program.input_bindings, program.bank_bindings
-    steps = sorted({i.step for i in program.instructions})
-    lines = [f"fingerprint   {program.fingerprint}",
+    lines = [f"fingerprint   {data['fingerprint']}",
              f"bindings      {len(program.bindings)} ({len(inputs)} inputs, {len(banks)} banks)"]
-    for b in program.bindings:
+    for b in data["bindings"]:
         extra = ""
-        if b.kind == "bank":
-            extra = f"  partition {b.partition_id}"
-            if b.bundle_id:
-                extra += f", bundle {b.bundle_id} members {list(b.member_ids)}"
-            if b.asset_fingerprint:
-                extra += f", asset {b.asset_fingerprint[:12]}…"
-        lines.append(f"  {b.kind:<5} {b.name}: {b.value_type.describe()}{extra}")
-    lines += [f"slots         {len(program.slots)}",
-              f"instructions  {len(program.instructions)}",
-              f"steps         {len(steps)}",
-              f"outputs       {', '.join(f'{o}: {program.slot(o).value_type.describe()}' for o in program.outputs)}",
-              f"symbols       {', '.join(program.symbols) or '(none)'}"]
+        if b["kind"] == "bank":
+            extra = f"  partition {b['partition_id']}"
+            if b["bundle_id"]:
+                extra += f", bundle {b['bundle_id']} members {b['member_ids']}"
+            if b["asset_fingerprint"]:
+                extra += f", asset {b['asset_fingerprint'][:12]}…"
+        lines.append(f"  {b['kind']:<5} {b['name']}: {b['type']}{extra}")
+    lines += [f"slots         {data['slots']}",
+              f"instructions  {data['instructions']}",
+              f"steps         {data['steps']}",
+              "outputs       " + ", ".join(f"{o['slot']}: {o['type']}" for o in data["outputs"]),
+              f"symbols       {', '.join(data['symbols']) or '(none)'}"]
     return lines
 
 
 def _run(args) -> int:
-    from .api import compile as compile_program
-
-    exe = compile_program(Path(args.program), backend=args.backend)
-    inputs, banks = _values(exe.program, args)
-    started = time.perf_counter()
-    result = exe.run(inputs=inputs, banks=banks)
-    elapsed = (time.perf_counter() - started) * 1e3
+    exe, dims = _prepare(args)
+    inputs, banks = _values(exe.program, args, dims)
+    with _compile_feedback():
+        started = time.perf_counter()
+        result = exe.run(inputs=inputs, banks=banks)
+        elapsed = (time.perf_counter() - started) * 1e3
+    if args.out:
+        with open(args.out, "wb") as f:  # an open file keeps np.savez from appending ".npz"
+            np.savez(f, **{slot: np.asarray(v) for slot, v in result.items()})
+    if args.json:
+        _emit(args, True, backend=args.backend, dims=dims, ms=round(elapsed, 3), out=args.out,
+              outputs={slot: array_stats(np.asarray(v)) for slot, v in result.items()})
+        return 0
     for slot, value in result.items():
         print(describe_array(slot, np.asarray(value)))
     print(f"time          {elapsed:.3f} ms (first run on {args.backend}: includes planning and "
           f"kernel compilation)")
     if args.out:
-        out = Path(args.out)
-        with open(out, "wb") as f:  # an open file keeps np.savez from appending ".npz"
-            np.savez(f, **{slot: np.asarray(v) for slot, v in result.items()})
-        print(f"wrote         {out}")
+        print(f"wrote         {args.out}")
     return 0
 
 
-def describe_array(name: str, a: np.ndarray) -> str:
+def array_stats(a: np.ndarray) -> dict[str, Any]:
+    """dtype, shape, min, max and mean of an output (``formula run --json``)."""
     stats = a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a
-    mean = float(np.mean(stats))
-    return (f"{name}  {a.dtype.name}{list(a.shape)}  min {_num(np.min(stats))}  "
-            f"max {_num(np.max(stats))}  mean {mean:.6g}")
+    empty = a.size == 0
+    return {"dtype": a.dtype.name, "shape": list(a.shape),
+            "min": None if empty else np.min(stats).item(),
+            "max": None if empty else np.max(stats).item(),
+            "mean": None if empty else float(np.mean(stats))}
+
+
+def describe_array(name: str, a: np.ndarray) -> str:
+    s = array_stats(a)
+    if s["min"] is None:
+        return f"{name}  {s['dtype']}{s['shape']}  (empty)"
+    return (f"{name}  {s['dtype']}{s['shape']}  min {_num(s['min'])}  "
+            f"max {_num(s['max'])}  mean {s['mean']:.6g}")
 
 
 def _num(v) -> str:
-    v = v.item() if hasattr(v, "item") else v
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 def _plan(args) -> int:
-    from .api import compile as compile_program
-
-    exe = compile_program(Path(args.program), backend=args.backend)
-    plan = exe.plan(dict(args.dim), enforce=False)  # over max_working_bytes: reported, exit 1
-    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.describe())
+    exe, dims = _prepare(args)
+    plan = exe.plan(dims, enforce=False)  # over max_working_bytes: reported, exit 1
+    if args.json:
+        _emit(args, plan.fits, plan=plan.to_dict())
+    else:
+        print(plan.describe())
     return 0 if plan.fits else 1
 
 
 def _bench(args) -> int:
-    from .api import compile as compile_program
-
-    if args.repeat < 1 or args.warmup < 0:
-        fail("schema", "$.bench", f"--repeat must be ≥ 1 and --warmup ≥ 0, got {args.repeat}, {args.warmup}")
-    exe = compile_program(Path(args.program), backend=args.backend)
-    dims = dict(args.dim)
+    exe, dims = _prepare(args)
     inputs, banks = random_values(exe.program, dims, args.seed, args.int_high)
     if not args.banks_per_run:
         banks = exe.load_banks(banks)
-    started = time.perf_counter()
-    exe.run(inputs=inputs, banks=banks)
-    first = (time.perf_counter() - started) * 1e3
+    with _compile_feedback():
+        started = time.perf_counter()
+        exe.run(inputs=inputs, banks=banks)
+        first = (time.perf_counter() - started) * 1e3
     for _ in range(args.warmup):
         exe.run(inputs=inputs, banks=banks)
     times = []
@@ -211,9 +375,17 @@ def _bench(args) -> int:
         started = time.perf_counter()
         exe.run(inputs=inputs, banks=banks)
         times.append((time.perf_counter() - started) * 1e3)
+    banks_mode = "passed per run" if args.banks_per_run else "loaded once"
+    if args.json:
+        _emit(args, True, program=args.program, backend=args.backend, dims=dims,
+              repeat=args.repeat, warmup=args.warmup, banks=banks_mode,
+              first_ms=round(first, 3), min_ms=round(min(times), 3),
+              median_ms=round(statistics.median(times), 3), max_ms=round(max(times), 3),
+              times_ms=[round(t, 3) for t in times])
+        return 0
     shown = ", ".join(f"{k}={v}" for k, v in dims.items()) or "static"
     print(f"bench {args.program} on {args.backend} ({shown}), {args.repeat} runs after "
-          f"{args.warmup} warm-up, banks {'passed per run' if args.banks_per_run else 'loaded once'}")
+          f"{args.warmup} warm-up, banks {banks_mode}")
     print(f"first run     {first:.3f} ms (planning and compilation included)")
     print(f"min           {min(times):.3f} ms")
     print(f"median        {statistics.median(times):.3f} ms")
@@ -225,7 +397,11 @@ def _atoms(args) -> int:
     from . import diagnostics
     from .registry import default_registry
 
-    print(diagnostics.format_atoms(diagnostics.atoms_table(default_registry())))
+    rows = diagnostics.atoms_table(default_registry())
+    if args.json:
+        _emit(args, True, atoms=rows)
+    else:
+        print(diagnostics.format_atoms(rows))
     return 0
 
 
@@ -233,20 +409,33 @@ def _plugins(args) -> int:
     from . import diagnostics
     from .registry import default_registry
 
-    print(diagnostics.format_plugins(diagnostics.plugins_report(default_registry())))
+    rows = diagnostics.plugins_report(default_registry())
+    if args.json:
+        _emit(args, all(r["status"] == "loaded" for r in rows), plugins=rows)
+    else:
+        print(diagnostics.format_plugins(rows))
     return 0
 
 
 # --- values ------------------------------------------------------------------------------
-def _values(program, args) -> tuple[dict[str, Any], Any]:
-    inputs: dict[str, Any] | None = read_arrays(args.inputs, "$.inputs") if args.inputs else None
+def _values(program, args, dims: dict[str, int]) -> tuple[dict[str, Any], Any]:
+    """The run's inputs and banks from ``--inputs``/``--banks``/``--random``; a program that
+    needs values none of them gives is told which flags give them, before anything is read."""
+    for flag, bindings in (("inputs", program.input_bindings), ("banks", program.bank_bindings)):
+        if bindings and not getattr(args, flag) and not args.random:
+            names = ", ".join(repr(b.name) for b in bindings)
+            fail("binding_keys", f"$.{flag}",
+                 f"the program needs {flag} {names}: pass --{flag} FILE "
+                 f"({'.npz/.safetensors of arrays by name' if flag == 'inputs' else 'a bank store'}) "
+                 f"or --random for random values")
     banks: Any = None
-    if args.banks:
+    if args.banks:  # opening a store reads its index, not its arrays
         from .api import open_bank_store
 
         banks = open_bank_store(Path(args.banks))
+    inputs: dict[str, Any] | None = read_arrays(args.inputs, "$.inputs") if args.inputs else None
     if args.random:
-        dims = dict(args.dim)
+        dims = dict(dims)
         for b in program.input_bindings:  # extents the given inputs already fix
             value = (inputs or {}).get(b.name)
             if isinstance(value, np.ndarray) and value.ndim == b.value_type.rank:

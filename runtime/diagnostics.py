@@ -15,6 +15,24 @@ from typing import Any
 from .atomspec import AtomSpec
 
 BACKEND_ORDER = ("reference", "cpu", "cuda")  # the built-in backends first, then by name
+WIDTH = 100  # the reports fit a 100-column terminal
+ATOM_COLUMN_CAPS = (40, 18, 15, 20)  # reference, atom, provided by, kernels
+
+
+def _elide(text: str, width: int) -> str:
+    """``text`` cut to ``width`` by an ellipsis in the middle (a digest's ends stay readable)."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def _wrapped(prefix: str, text: str, width: int = WIDTH, indent: str | None = None) -> list[str]:
+    """``prefix`` + ``text`` wrapped at ``width``, continuation lines indented under the text."""
+    import textwrap
+
+    return textwrap.wrap(text, width, initial_indent=prefix, break_on_hyphens=False,
+                         subsequent_indent=" " * len(prefix) if indent is None else indent) or [prefix.rstrip()]
 
 
 def _backend_key(name: str) -> tuple[int, str]:
@@ -68,26 +86,25 @@ def _traits(row: dict[str, Any]) -> str:
     return ", ".join(traits) or "-"
 
 
-def _provider(row: dict[str, Any]) -> str:
-    if row["distribution"]:
-        version = f" {row['version']}" if row["version"] else ""
-        return f"{row['distribution']}{version}"
-    return row["plugin"] or "?"
-
-
 def format_atoms(rows: Sequence[dict[str, Any]]) -> str:
-    """A table: reference, atom, distribution, backends with kernels, traits."""
+    """A table within WIDTH columns: reference, atom, distribution, backends with kernels;
+    an atom's traits on an indented line below its row (a fifth column would not fit)."""
     if not rows:
         return "no atoms are registered (is formula-runtime's built-in 'atoms' plugin loadable?)"
-    header = ("REFERENCE", "ATOM", "PROVIDED BY", "KERNELS", "TRAITS")
+    header = ("REFERENCE", "ATOM", "PROVIDED BY", "KERNELS")
     table = [header]
     for r in rows:
         atom = r["atom"] if r["alias_of"] is None else f"{r['atom']} (alias)"
-        table.append((r["reference"], atom, _provider(r), ", ".join(r["backends"]) or "none",
-                      _traits(r)))
-    widths = [max(len(line[k]) for line in table) for k in range(len(header) - 1)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line[:-1], widths)) + "  " + line[-1]
-             for line in table]
+        table.append((r["reference"], atom, r["distribution"] or r["plugin"] or "?",
+                      ", ".join(r["backends"]) or "none"))
+    # each column gets its natural width up to a cap; longer cells are elided in the middle
+    widths = [min(max(len(line[k]) for line in table), cap) for k, cap in enumerate(ATOM_COLUMN_CAPS)]
+    lines = []
+    for line, row in zip(table, [None, *rows]):
+        lines.append("  ".join(_elide(cell, w).ljust(w) for cell, w in zip(line, widths)).rstrip())
+        traits = _traits(row) if row is not None else "-"
+        if traits != "-":
+            lines += _wrapped("    ", traits)
     distinct = len({r["alias_of"] or r["reference"] for r in rows})
     lines.append(f"{len(rows)} references, {distinct} atoms")
     return "\n".join(line.rstrip() for line in lines)
@@ -121,9 +138,7 @@ def plugins_report(registry) -> list[dict[str, Any]]:
             if plugin is not None else [],
             "atoms": [s.name for s in atoms],
             "references": sorted(refs),
-            "kernels": {b: {"implemented": [s.name for s in atoms if b in s.kernels],
-                            "missing": [s.name for s in atoms if b not in s.kernels],
-                            "registered_backend": b in backend_names}
+            "kernels": {b: _kernel_coverage(atoms, b, registry.backends.get(b))
                         for b in kernel_backends},
             "elementwise": [s.name for s in atoms if s.elementwise is not None],
             "anchors": {s.name: _sorted_backends(s.anchors) for s in atoms if s.anchors},
@@ -137,6 +152,17 @@ def plugins_report(registry) -> list[dict[str, Any]]:
                      "references": [], "kernels": {}, "elementwise": [], "anchors": {},
                      "backends": [], "registered_kernels": []})
     return rows
+
+
+def _kernel_coverage(atoms: Sequence[AtomSpec], backend: str, found) -> dict[str, Any]:
+    """Which atoms run on ``backend``: by a kernel of their own, or (elementwise atoms on a
+    fusing backend) by the chain kernel the backend generates from their scalar definition."""
+    fuses = bool(getattr(found, "fuses", False))
+    fused = [s.name for s in atoms if backend not in s.kernels and s.elementwise is not None and fuses]
+    return {"implemented": [s.name for s in atoms if backend in s.kernels],
+            "fused": fused,
+            "missing": [s.name for s in atoms if backend not in s.kernels and s.name not in fused],
+            "registered_backend": found is not None}
 
 
 def _backends_of(plugin: object, backends: dict[str, object]) -> list[str]:
@@ -157,34 +183,39 @@ def format_plugins(rows: Sequence[dict[str, Any]]) -> str:
     blocks = []
     for r in rows:
         if r["status"] == "failed":
-            blocks.append(f"{r['name']}  FAILED\n  error       {r['error']}")
+            blocks.append("\n".join([f"{r['name']}  FAILED", *_wrapped("  error       ", r["error"])]))
             continue
         head = r["name"]
         if r["distribution"]:
             head += f"  ({r['distribution']} {r['version'] or '(version unknown)'})"
-        lines = [head, f"  hooks       {', '.join(r['hooks']) or '-'}"]
+        lines = [head, *_wrapped("  hooks       ", ", ".join(r["hooks"]) or "-")]
         if r["atoms"]:
-            lines.append(f"  atoms       {len(r['atoms'])}: {', '.join(r['atoms'])}")
-            lines.append(f"  references  {len(r['references'])}: " +
-                         "\n              ".join(r["references"]))
+            lines += _wrapped("  atoms       ", f"{len(r['atoms'])}: {', '.join(r['atoms'])}")
+            lines.append(f"  references  {len(r['references'])}:")
+            lines += [f"    {_elide(ref, WIDTH - 4)}" for ref in r["references"]]
             n = len(r["atoms"])
             counts = []
             for backend, k in r["kernels"].items():
                 note = "" if k["registered_backend"] else " (no such backend registered)"
-                counts.append(f"{backend} {len(k['implemented'])}/{n}{note}")
-            lines.append(f"  kernels     {', '.join(counts)}")
+                fused = f" ({len(k['fused'])} fused)" if k["fused"] else ""
+                counts.append(f"{backend} {len(k['implemented']) + len(k['fused'])}/{n}{fused}{note}")
+            lines += _wrapped("  kernels     ", ", ".join(counts))
             for backend, k in r["kernels"].items():
+                if k["fused"]:
+                    lines += _wrapped(f"  fused on {backend} (no kernel of their own): ", ", ".join(k["fused"]))
                 if k["missing"]:
-                    lines.append(f"  no {backend} kernel: {', '.join(k['missing'])}")
+                    lines += _wrapped(f"  no {backend} kernel: ", ", ".join(k["missing"]))
             fusion = []
             if r["elementwise"]:
                 fusion.append(f"elementwise: {', '.join(r['elementwise'])}")
             if r["anchors"]:
                 fusion.append("anchors: " + ", ".join(f"{a} ({', '.join(b)})"
                                                       for a, b in r["anchors"].items()))
-            lines.append(f"  fusion      {'; '.join(fusion) or '-'}")
+            lines += _wrapped("  fusion      ", "; ".join(fusion) or "-")
         if r["backends"]:
-            lines.append(f"  backends    {', '.join(r['backends'])}")
+            lines += _wrapped("  backends    ", ", ".join(r["backends"]))
+        if r.get("registered_kernels"):
+            lines += _wrapped("  gives       ", "kernels for " + ", ".join(r["registered_kernels"]))
         blocks.append("\n".join(lines))
     failed = sum(r["status"] == "failed" for r in rows)
     tail = f"{len(rows) - failed} plugins loaded" + (f", {failed} failed to load" if failed else "")

@@ -35,6 +35,16 @@ def fail(code: str, path: str, message: str):
     raise FormulaError(code, path, message)
 
 
+def did_you_mean(word: str, candidates) -> str:
+    """`` (did you mean 'B'?)`` for a near miss of ``word`` among ``candidates``, else ``""``."""
+    import difflib
+
+    names = sorted(set(candidates))
+    folded = [c for c in names if c.lower() == word.lower()]  # b for B beats any spelling distance
+    close = folded or difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def json_kind(v) -> str:
     """How a JSON value is named in messages ("the string 'x'", "a list", "null"...)."""
     if v is None:

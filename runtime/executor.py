@@ -17,12 +17,13 @@ from typing import Any
 import attrs
 import numpy as np
 
+from . import compilelog
 from .atomspec import Node
 from .backends.base import Backend
 from .arrays import is_device_array
 from .bindings import Binder, load_resident
 from .driver import Driver, build_driver
-from .errors import fail
+from .errors import did_you_mean, fail
 from .model import Program
 from .outputs import check_out
 from .pool import ResultPool
@@ -145,6 +146,7 @@ class Executable:
         self._by_structure: dict[tuple, CompiledPlan] = {}
         self._last_structure: tuple[tuple | None, CompiledPlan | None] = (None, None)
         self._binder = Binder(program, self._deferred_finite)
+        compilelog.install()  # kernels compile lazily, on first call: say so on runtime.compile
 
     def release_memory(self) -> None:
         """Give back what the executable keeps between runs — idle arenas and released result
@@ -160,7 +162,7 @@ class Executable:
         """The schedule, lifetimes, arena offsets and memory verdict for these extents. With
         ``enforce=False`` a working set over ``max_working_bytes`` gives a plan whose verdict
         is "exceeds" (nothing is compiled) instead of ``limit_exceeded``."""
-        dims = _check_dims(self.program, dims or {})
+        dims = check_dims(self.program, dims or {})
         if not enforce:
             return self._schedule(dims, dict(dtypes or {}), enforce=False)[0]
         return self._compiled(dims, dict(dtypes or {})).plan
@@ -406,14 +408,15 @@ def _check(node: Node, positions, fetch) -> None:
     node.atom.check_values(node, host)
 
 
-def _check_dims(program: Program, dims: Mapping[str, int]) -> dict[str, int]:
+def check_dims(program: Program, dims: Mapping[str, int]) -> dict[str, int]:
     if not isinstance(dims, Mapping):
         fail("schema", "$.dims", f"dims must be a mapping of symbol to extent, got {type(dims).__name__}")
     symbols = set(program.symbols)
     out = {}
     for name, extent in dims.items():
         if name not in symbols:
-            fail("binding_keys", f"$.dims.{name}", f"program has no symbol {name!r} (symbols: {sorted(symbols)})")
+            fail("binding_keys", f"$.dims.{name}", f"program has no symbol {name!r}"
+                 f"{did_you_mean(str(name), symbols)} (symbols: {sorted(symbols)})")
         if isinstance(extent, bool) or not isinstance(extent, int) or extent < 1:
             fail("binding_shape", f"$.dims.{name}", f"extent of {name!r} must be a positive integer, got {extent!r}")
         out[name] = extent

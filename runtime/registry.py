@@ -20,7 +20,7 @@ import pluggy
 
 from . import hookspecs
 from .atomspec import AtomSpec
-from .errors import FormulaError, fail
+from .errors import FormulaError, did_you_mean, fail
 from .refs import is_ref
 
 BUILTIN_PLUGINS = ("atoms", "runtime.backends", "runtime.banks")
@@ -238,7 +238,8 @@ class Registry:
         backend = self.backends.get(name)
         if backend is None:
             fail("backend_unavailable", path,
-                 f"unknown backend {name!r}; registered: {', '.join(sorted(self.backends))}")
+                 f"unknown backend {name!r}{did_you_mean(str(name), self.backends)}; "
+                 f"registered: {', '.join(sorted(self.backends))}")
         reason = backend.unavailable_reason()
         if reason:
             fail("backend_unavailable", path, f"backend {name!r} cannot run here: {reason}")

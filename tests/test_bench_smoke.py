@@ -161,3 +161,10 @@ def test_ab_seed_variants_build_and_compute_the_seed():
     for name, (exe, _, run_banks) in table.items():
         got = exe.run(inputs=inputs, banks=run_banks)["%4"]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-6 * np.abs(want).max(), err_msg=name)
+
+
+def test_reproduce_command_works_in_a_clone():
+    recorded = ("/work/x/.venv/bin/python bench/run.py --rounds 5 --out bench/results/s14.json "
+                "--report /tmp/r.md -k 'T256 and float32' --out=elsewhere.json")
+    assert report.reproduce_command(recorded) == (
+        "python bench/run.py --rounds 5 -k 'T256 and float32' --out bench/results/run.json")

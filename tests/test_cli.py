@@ -129,7 +129,7 @@ def test_bench(capsys):
     assert "first run" in out and "median" in out and "banks loaded once" in out
     assert main(["bench", SEED, *DIMS, "--repeat", "1", "--banks-per-run"]) == 0
     assert "banks passed per run" in capsys.readouterr().out
-    assert main(["bench", SEED, *DIMS, "--repeat", "0"]) == 1
+    assert main(["bench", SEED, *DIMS, "--repeat", "0"]) == 2  # a usage error, before any work
 
 
 def test_atoms_and_plugins(capsys):
@@ -224,7 +224,8 @@ def test_plan_over_max_working_bytes_is_reported_with_its_verdict(tmp_path, caps
     assert "EXCEEDS max_working_bytes" in out and "[1]" in out  # the whole schedule, then the verdict
     assert main(["plan", str(path), "--dim", "B=4", "--dim", "S=2048", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert report["verdict"] == "exceeds" and report["fits"] is False
+    assert report["ok"] is False and report["plan"]["verdict"] == "exceeds"
+    assert report["plan"]["fits"] is False
     import runtime
 
     exe = runtime.compile(prog, "cpu")
@@ -234,3 +235,194 @@ def test_plan_over_max_working_bytes_is_reported_with_its_verdict(tmp_path, caps
     assert (err.value.code, err.value.path) == ("limit_exceeded", "$.limits.max_working_bytes")
     assert main(["plan", str(path), "--dim", "B=1", "--dim", "S=1"]) == 0
     assert "fits" in capsys.readouterr().out
+
+
+# --- arguments are checked before any work ------------------------------------------------
+def _error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fails the test if a run, a plan or value generation starts."""
+    import runtime.cli as cli
+    from runtime.executor import Executable
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("work started before the arguments were checked")
+
+    monkeypatch.setattr(Executable, "run", refuse)
+    monkeypatch.setattr(Executable, "plan", refuse)
+    monkeypatch.setattr(cli, "random_values", refuse)
+    monkeypatch.setattr(cli, "read_arrays", refuse)
+
+
+@pytest.mark.parametrize("verb", ["run", "plan", "bench"])
+def test_repeated_and_unknown_dims(verb, capsys, no_work):
+    extra = ["--random"] if verb == "run" else []
+    assert main([verb, SEED, *extra, "--dim", "B=1", "--dim", "S=2", "--dim", "B=3"]) == 1
+    err = _error(capsys)
+    assert err.startswith("error [duplicate] $.dims.B:") and "given twice (1 and 3)" in err
+    assert main([verb, SEED, *extra, "--dim", "B=1", "--dim", "S=2", "--dim", "T=3"]) == 1
+    err = _error(capsys)
+    assert err.startswith("error [binding_keys] $.dims.T:") and "no symbol 'T'" in err
+    assert main([verb, SEED, *extra, "--dim", "b=2", "--dim", "S=2"]) == 1
+    assert "did you mean 'B'?" in _error(capsys)
+
+
+@pytest.mark.parametrize("verb", ["run", "plan", "bench"])
+def test_backend_comes_from_the_registry(verb, capsys, no_work):
+    assert main([verb, SEED, *DIMS, "--backend", "cpx"]) == 1
+    err = _error(capsys)
+    assert err.startswith("error [backend_unavailable] $.backend:")
+    assert "unknown backend 'cpx' (did you mean 'cpu'?)" in err and "reference" in err
+
+
+def test_out_is_checked_before_running(tmp_path, capsys, no_work):
+    base = ["run", SEED, "--random", *DIMS]
+    assert main([*base, "--out", str(tmp_path / "out.txt")]) == 1
+    assert _error(capsys).startswith("error [schema] $.out:")
+    assert main([*base, "--out", str(tmp_path / "missing" / "out.npz")]) == 1
+    assert "does not exist" in _error(capsys)
+    (tmp_path / "d.npz").mkdir()
+    assert main([*base, "--out", str(tmp_path / "d.npz")]) == 1
+    assert "is a directory" in _error(capsys)
+
+
+def test_missing_value_files_are_named(tmp_path, capsys, no_work):
+    assert main(["run", SEED, "--inputs", str(tmp_path / "none.npz"), "--random"]) == 1
+    assert _error(capsys).startswith("error [schema] $.inputs:")
+    assert main(["run", SEED, "--banks", str(tmp_path / "none.npz"), "--random", *DIMS]) == 1
+    assert _error(capsys).startswith("error [bank_store] $.banks:")
+
+
+def test_run_without_values_suggests_inputs_or_random(capsys, no_work):
+    assert main(["run", SEED, *DIMS]) == 1
+    err = _error(capsys)
+    assert err.startswith("error [binding_keys] $.inputs:") and "--inputs" in err and "--random" in err
+
+
+@pytest.mark.parametrize("args", [["run", SEED, "--random", "--seed", "-1"],
+                                  ["bench", SEED, "--seed", "x"],
+                                  ["run", SEED, "--random", "--int-high", "0"],
+                                  ["bench", SEED, "--warmup", "-1"]])
+def test_numeric_arguments_are_usage_errors(args, capsys, no_work):
+    assert main(args) == 2
+    err = _error(capsys)
+    assert "usage: formula" in err and ("must be ≥" in err or "expected an integer" in err)
+
+
+# --- --json on every verb ------------------------------------------------------------------
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _json(capsys) -> dict:
+    """The --json answer, checked against its row in the README's table of shapes."""
+    doc = json.loads(capsys.readouterr().out)
+    assert list(doc)[:2] == ["command", "ok"]
+    verb = "any, on error" if "error" in doc else f"`{doc['command']}`"
+    (row,) = [line for line in README.read_text().splitlines() if line.startswith(f"| {verb} |")]
+    undocumented = [key for key in doc if f'"{key}"' not in row]
+    assert not undocumented, f"README does not document {undocumented} of {verb}"
+    for key in ("summary", "plan"):
+        for inner in doc.get(key) or {}:
+            assert f'"{inner}"' in row, (key, inner)
+    for item in (doc.get("atoms") or doc.get("plugins") or [])[:1]:
+        assert all(f'"{k}"' in row for k in item), (verb, item)
+    return doc
+
+
+def test_json_validate_and_errors(tmp_path, capsys):
+    assert main(["validate", SEED, "--json"]) == 0
+    doc = _json(capsys)
+    assert doc["command"] == "validate" and doc["ok"] and doc["program"] == SEED
+    s = doc["summary"]
+    assert s["symbols"] == ["B", "S"] and s["instructions"] == 5
+    assert [o["slot"] for o in s["outputs"]] == ["%4"]
+    assert s["outputs"][0]["type"].startswith("float32[B=B, S=S, Dout=1024]")
+    assert {b["name"] for b in s["bindings"] if b["kind"] == "bank"} == {"lora.A", "lora.B"}
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["validate", str(bad), "--json"]) == 1
+    doc = _json(capsys)
+    assert doc["ok"] is False and doc["error"]["code"] == "schema" and doc["error"]["path"] == "$"
+    assert main(["run", SEED, "--json", "--random", "--dim", "B=1", "--dim", "B=2"]) == 1
+    assert _json(capsys)["error"]["code"] == "duplicate"
+
+
+def test_json_run_plan_bench(tmp_path, capsys):
+    out = tmp_path / "o.npz"
+    assert main(["run", SEED, "--random", *DIMS, "--json", "--out", str(out)]) == 0
+    doc = _json(capsys)
+    assert doc["backend"] == "cpu" and doc["dims"] == {"B": 1, "S": 2} and doc["out"] == str(out)
+    assert set(doc["outputs"]["%4"]) == {"dtype", "shape", "min", "max", "mean"}
+    assert doc["outputs"]["%4"]["shape"] == [1, 2, 1024] and doc["ms"] > 0
+    assert set(np.load(out).files) == {"%4"}
+    assert main(["plan", SEED, *DIMS, "--json"]) == 0
+    doc = _json(capsys)
+    assert doc["ok"] and doc["plan"]["dims"] == {"B": 1, "S": 2} and doc["plan"]["schedule"]
+    assert main(["bench", SEED, *DIMS, "--repeat", "2", "--warmup", "0", "--json"]) == 0
+    doc = _json(capsys)
+    assert (doc["repeat"], doc["warmup"], doc["banks"]) == (2, 0, "loaded once")
+    assert len(doc["times_ms"]) == 2 and doc["min_ms"] <= doc["median_ms"] <= doc["max_ms"]
+    assert {"first_ms", "backend", "dims", "program"} <= set(doc)
+
+
+def test_json_atoms_and_plugins(capsys):
+    from runtime import diagnostics
+    from runtime.registry import default_registry
+
+    assert main(["atoms", "--json"]) == 0
+    doc = _json(capsys)
+    assert doc["atoms"] == json.loads(json.dumps(diagnostics.atoms_table(default_registry())))
+    assert main(["plugins", "--json"]) == 0
+    doc = _json(capsys)
+    names = {p["name"] for p in doc["plugins"]}
+    assert {"atoms", "runtime.backends"} <= names
+    assert doc["ok"] == all(p["status"] == "loaded" for p in doc["plugins"])
+
+
+def test_compile_notice_goes_to_stderr(capsys, monkeypatch):
+    """A kernel compiling (a cache miss) is announced on stderr and totalled."""
+    from runtime.cli import _compile_feedback
+    from runtime.compilelog import log
+
+    with _compile_feedback():
+        log.info("compiling %s", "m.kernel")
+        log.debug("compiled %s in %.2f s", "m.kernel", 0.5)
+        log.info("compiling %s", "m.other")
+    err = capsys.readouterr().err
+    assert err.count("compiling kernels") == 1 and "compiled 2 kernels in" in err
+    with _compile_feedback():  # nothing compiled (cache hits): nothing said
+        pass
+    assert capsys.readouterr().err == ""
+
+
+def test_compile_notice_counts_live_on_a_terminal():
+    import io
+
+    from runtime.cli import _CompileNotice
+    from runtime.compilelog import log
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    notice = _CompileNotice(stream)
+    log.addHandler(notice)
+    level = log.level
+    log.setLevel("INFO")
+    try:
+        log.info("compiling %s", "m.kernel")
+        log.info("compiling %s", "m.other")
+    finally:
+        log.removeHandler(notice)
+        log.setLevel(level)
+    notice.finish()
+    text = stream.getvalue()
+    assert "\r  1 compiled" in text and "\r  2 compiled" in text and "m.other" in text
+    assert text.endswith("compiled 2 kernels in 0.0 s\n")
+    assert max(len(part) for part in text.split("\r")[1:]) <= 100  # the live line fits a terminal

@@ -56,14 +56,31 @@ def test_atoms_table_rows():
 def test_format_atoms_text():
     text = diagnostics.format_atoms(diagnostics.atoms_table(_registry()))
     lines = text.splitlines()
-    assert lines[0].split() == ["REFERENCE", "ATOM", "PROVIDED", "BY", "KERNELS", "TRAITS"]
-    row = next(line for line in lines if line.startswith("diag-test/formula-atom-twice@2"))
-    assert "twice (alias)" in row and "diag-dist 3.1" in row and "reference, cpu, rocm" in row
-    assert "elementwise (fusable)" in row and "in-place on value" in row
-    row = next(line for line in lines if line.startswith("diag-test/formula-atom-only-ref@1"))
-    assert "anchor (cpu)" in row and "value checks" in row
+    assert lines[0].split() == ["REFERENCE", "ATOM", "PROVIDED", "BY", "KERNELS"]
+    k = next(i for i, line in enumerate(lines) if line.startswith("diag-test/formula-atom-twice@2"))
+    assert "twice (alias)" in lines[k] and "diag-dist" in lines[k] and "reference, cpu, rocm" in lines[k]
+    assert lines[k + 1] == "    elementwise (fusable), in-place on value"  # traits below their row
+    k = next(i for i, line in enumerate(lines) if line.startswith("diag-test/formula-atom-only-ref@1"))
+    assert lines[k + 1] == "    anchor (cpu), value checks"
     assert lines[-1] == "3 references, 2 atoms"
     assert "no atoms" in diagnostics.format_atoms([])
+
+
+def test_reports_fit_100_columns():
+    """Long references are elided in the middle, long lists wrap; nothing passes column 100."""
+    rows = diagnostics.atoms_table(_registry())
+    long_ref = "diag-test/formula-atom-twice@sha256:" + "ab" * 32
+    rows.append({**rows[0], "reference": long_ref, "alias_of": rows[0]["reference"],
+                 "atom": "a-rather-long-atom-name", "distribution": "a-very-long-distribution-name",
+                 "backends": ["reference", "cpu", "cuda", "rocm", "metal"]})
+    text = diagnostics.format_atoms(rows)
+    assert max(map(len, text.splitlines())) <= 100
+    assert "diag-test/formula-atom-" in text and "…" in text and long_ref[-8:] in text
+    report = diagnostics.plugins_report(_registry())
+    report[1]["atoms"] = [f"atom-number-{k}" for k in range(30)]
+    report[1]["references"].append(long_ref + "cd" * 20)
+    text = diagnostics.format_plugins(report)
+    assert max(map(len, text.splitlines())) <= 100 and "atom-number-29" in text
 
 
 def test_plugins_report_rows():
@@ -78,8 +95,11 @@ def test_plugins_report_rows():
     k = partial["kernels"]
     assert list(k) == ["reference", "cpu", "cuda", "rocm"]
     assert k["reference"]["implemented"] == ["only-ref", "twice"]
-    assert k["cpu"] == {"implemented": ["twice"], "missing": ["only-ref"], "registered_backend": True}
-    assert k["cuda"]["missing"] == ["only-ref", "twice"]
+    assert k["cpu"] == {"implemented": ["twice"], "fused": [], "missing": ["only-ref"],
+                        "registered_backend": True}
+    # an elementwise atom without a cuda kernel still runs there, fused into a generated chain
+    assert k["cuda"]["fused"] == ["twice"] and k["cuda"]["missing"] == ["only-ref"]
+    assert k["reference"]["fused"] == []  # the reference backend never fuses
     assert k["rocm"]["registered_backend"] is False
     assert partial["elementwise"] == ["twice"] and partial["anchors"] == {"only-ref": ["cpu"]}
     busted = rows["busted (busted-dist 0.2)"]
@@ -89,8 +109,9 @@ def test_plugins_report_rows():
 def test_format_plugins_text():
     text = diagnostics.format_plugins(diagnostics.plugins_report(_registry()))
     assert "partial  (diag-dist 3.1)" in text
-    assert "kernels     reference 2/2, cpu 1/2, cuda 0/2, rocm 1/2 (no such backend registered)" in text
-    assert "no cpu kernel: only-ref" in text and "no cuda kernel: only-ref, twice" in text
+    assert "kernels     reference 2/2, cpu 1/2, cuda 1/2 (1 fused), rocm 1/2 (no such backend registered)" in text
+    assert "no cpu kernel: only-ref" in text and "no cuda kernel: only-ref\n" in text
+    assert "fused on cuda (no kernel of their own): twice" in text
     assert "fusion      elementwise: twice; anchors: only-ref (cpu)" in text
     assert "busted (busted-dist 0.2)  FAILED\n  error       import failed: ImportError: nope" in text
     assert text.endswith("2 plugins loaded, 1 failed to load")

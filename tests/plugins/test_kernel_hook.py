@@ -65,6 +65,8 @@ def test_registered_kernels_are_reported_and_go_with_their_plugin():
     row = next(r for r in diagnostics.plugins_report(reg) if r["name"] == "TwiceReduce")
     assert row["registered_kernels"] == [f"{REDUCE} on cpu"]
     assert "formula_register_kernels" in row["hooks"]
+    text = diagnostics.format_plugins(diagnostics.plugins_report(reg))
+    assert f"  gives       kernels for {REDUCE} on cpu" in text
     reg.unregister("TwiceReduce")
     assert reg.kernel_owner(reg.atom(REDUCE, "$"), "cpu") is None
     assert "cpu" in reg.atom(REDUCE, "$").kernel_counts_nonfinite

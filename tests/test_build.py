@@ -1,0 +1,27 @@
+"""runtime.build: the public program builder works without pytest installed."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def test_program_builder_needs_no_pytest():
+    script = textwrap.dedent("""
+        import sys
+        sys.modules["pytest"] = None  # as if pytest were not installed: importing it fails
+        import numpy as np
+        import runtime
+        from runtime.build import ProgramBuilder
+
+        assert runtime.ProgramBuilder is ProgramBuilder
+        b = ProgramBuilder()
+        x = b.input("x", {"T": "T", "D": 4})
+        y = b.op("scalar-map", [x], {"mode": "relu"})
+        out = runtime.execute(b.build(outputs=[y]), inputs={"x": np.full((2, 4), -1.0, np.float32)},
+                              backend="reference")[y]
+        assert (out == 0).all()
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
