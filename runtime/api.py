@@ -14,11 +14,14 @@ from .validate import validate
 DEFAULT_BACKEND = "cpu"
 
 
-def load_program(src: Any, registry: Registry | None = None) -> Program:
-    """A fully validated program from a path, JSON text/bytes, a parsed dict, or a Program."""
+def load_program(src: Any, registry: Registry | None = None, max_bytes: int | None = None) -> Program:
+    """A fully validated program from a path, JSON text/bytes, a parsed dict, or a Program.
+
+    Text and files are capped at ``max_bytes`` (default: ``FORMULA_MAX_PROGRAM_BYTES``, else
+    64 MiB); a path that is not a readable regular file is ``program_unreadable``."""
     if isinstance(src, Program):
         return src
-    program = loader.program(loader.read_source(src))
+    program = loader.program(loader.read_source(src, max_bytes))
     validate(program, registry or default_registry())
     return program
 
