@@ -21,6 +21,7 @@ from .atomspec import Node
 from .backends.base import Backend
 from .arrays import is_device_array
 from .bindings import Binder, load_resident
+from .codegen import heal_numba_cache
 from .driver import Driver, build_driver
 from .errors import fail
 from .memory import memory_limit as runtime_memory_limit, no_memory_error
@@ -138,6 +139,7 @@ class Executable:
     def __init__(self, program: Program, backend: str, registry: Registry, memory_limit: Any = None):
         """``memory_limit``: the runtime ceiling for every run (:func:`runtime.memory.memory_limit`)."""
         self.memory_limit = runtime_memory_limit(memory_limit)
+        heal_numba_cache()  # before the first kernel is loaded from the disk cache
         self.program = program
         self.registry = registry
         self.backend = registry.backend(backend)
