@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -154,7 +155,7 @@ def _run(args) -> int:
     from .api import compile as compile_program
 
     exe = compile_program(Path(args.program), backend=args.backend)
-    inputs, banks = _values(exe.program, args)
+    inputs, banks = _values(exe.program, args, exe.memory_limit)
     started = time.perf_counter()
     result = exe.run(inputs=inputs, banks=banks)
     elapsed = (time.perf_counter() - started) * 1e3
@@ -198,7 +199,7 @@ def _bench(args) -> int:
         fail("schema", "$.bench", f"--repeat must be ≥ 1 and --warmup ≥ 0, got {args.repeat}, {args.warmup}")
     exe = compile_program(Path(args.program), backend=args.backend)
     dims = dict(args.dim)
-    inputs, banks = random_values(exe.program, dims, args.seed, args.int_high)
+    inputs, banks = random_values(exe.program, dims, args.seed, args.int_high, memory_limit=exe.memory_limit)
     if not args.banks_per_run:
         banks = exe.load_banks(banks)
     started = time.perf_counter()
@@ -238,7 +239,7 @@ def _plugins(args) -> int:
 
 
 # --- values ------------------------------------------------------------------------------
-def _values(program, args) -> tuple[dict[str, Any], Any]:
+def _values(program, args, memory_limit: int | None = None) -> tuple[dict[str, Any], Any]:
     inputs: dict[str, Any] | None = read_arrays(args.inputs, "$.inputs") if args.inputs else None
     banks: Any = None
     if args.banks:
@@ -256,7 +257,7 @@ def _values(program, args) -> tuple[dict[str, Any], Any]:
         want_inputs = [] if inputs is not None else program.input_bindings
         want_banks = [] if banks is not None else program.bank_bindings
         rand_inputs, rand_banks = random_values(program, dims, args.seed, args.int_high,
-                                                (*want_inputs, *want_banks))
+                                                (*want_inputs, *want_banks), memory_limit)
         inputs = inputs if inputs is not None else rand_inputs
         banks = banks if banks is not None else rand_banks
     return inputs or {}, banks
@@ -280,8 +281,9 @@ def read_arrays(location: str, path: str) -> dict[str, np.ndarray]:
 
 
 def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 1,
-                  bindings=None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Random values of the declared types (float32 for 'floating'), bundles included."""
+                  bindings=None, memory_limit: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Random values of the declared types (float32 for 'floating'), bundles included; every
+    size limit (the program's and the runtime ``memory_limit``) is checked before any is made."""
     from .types import numpy_dtype
 
     if int_high < 1:
@@ -291,6 +293,7 @@ def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 
     if needed:
         fail("binding_shape", "$.dims",
              f"no extent for symbols {needed}: pass --dim {needed[0]}=… for each")
+    _check_random_sizes(program, dims, bindings, memory_limit)
     rng = np.random.default_rng(seed)
     inputs: dict[str, np.ndarray] = {}
     banks: dict[str, np.ndarray] = {}
@@ -306,6 +309,41 @@ def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 
             value = rng.standard_normal(shape).astype(numpy_dtype(dtype))
         (inputs if b.kind == "input" else banks)[b.name] = value
     return inputs, banks
+
+
+def _check_random_sizes(program, dims: dict[str, int], bindings, memory_limit: int | None) -> None:
+    """The values ``random_values`` would make, measured against the limits from their
+    shapes alone (a huge ``--dim`` is refused, never allocated)."""
+    from .memory import check_ceiling
+    from .types import ITEMSIZE
+
+    lim = program.limits
+    for symbol, extent in dims.items():
+        if isinstance(extent, bool) or not isinstance(extent, int) or extent < 1:
+            fail("binding_shape", f"$.dims.{symbol}", f"extent of {symbol} must be a positive integer, got {extent!r}")
+    total = 0
+    for b in bindings:
+        t = b.value_type
+        path = f"$.{'inputs' if b.kind == 'input' else 'banks'}.{b.name}"
+        shape = [dims[s] if isinstance(s, str) else s for s in t.sizes]
+        for axis, extent in zip(t.axes, shape):
+            if extent > lim.max_axis_extent:
+                fail("limit_exceeded", path, f"axis {axis} of {b.name!r} would have extent {extent}; "
+                                             f"max_axis_extent allows {lim.max_axis_extent}")
+        elements = math.prod(shape)
+        nbytes = elements * ITEMSIZE["float32" if t.dtype == "floating" else t.dtype]
+        for what, got, cap in (("elements", elements, lim.max_tensor_elements),
+                               ("bytes", nbytes, lim.max_tensor_bytes)):
+            if got > cap:
+                fail("limit_exceeded", path, f"random {b.name!r} of shape {shape} would have {got} {what}; "
+                                             f"max_tensor_{what} allows {cap}")
+        total += nbytes
+    if total > lim.max_working_bytes:
+        fail("limit_exceeded", "$.limits.max_working_bytes",
+             f"the random values would need {total} bytes; max_working_bytes allows {lim.max_working_bytes}")
+    if memory_limit is not None:
+        check_ceiling(total, memory_limit, lim.max_working_bytes, "$.limits.max_working_bytes",
+                      "the random values")
 
 
 if __name__ == "__main__":  # pragma: no cover

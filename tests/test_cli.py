@@ -234,3 +234,34 @@ def test_plan_over_max_working_bytes_is_reported_with_its_verdict(tmp_path, caps
     assert (err.value.code, err.value.path) == ("limit_exceeded", "$.limits.max_working_bytes")
     assert main(["plan", str(path), "--dim", "B=1", "--dim", "S=1"]) == 0
     assert "fits" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dims", [["B=100000000000", "S=1"], ["B=4096", "S=4096"]])
+def test_run_random_checks_limits_before_generating_anything(capsys, dims):
+    import resource
+    import time
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    argv = ["run", SEED, "--random"] + [a for d in dims for a in ("--dim", d)]
+    assert main(argv) == 1
+    assert time.perf_counter() - t0 < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024  # KiB: < 200 MB
+    err = capsys.readouterr().err
+    assert "[limit_exceeded]" in err and "internal error" not in err
+
+
+@pytest.mark.parametrize("kind", ["device", "directory", "surrogate"])
+def test_validate_refuses_hostile_program_files_without_internal_errors(capsys, tmp_path, kind):
+    if kind == "device":
+        target, code = "/dev/zero", "program_unreadable"
+    elif kind == "directory":
+        target, code = str(tmp_path), "program_unreadable"
+    else:
+        prog = json.loads(Path(SEED).read_text())
+        prog["bindings"][2]["partition_id"] = "A\ud800"
+        target, code = str(tmp_path / "p.json"), "schema"
+        Path(target).write_text(json.dumps(prog))
+    assert main(["validate", target]) == 1
+    err = capsys.readouterr().err
+    assert f"[{code}]" in err and "internal error" not in err
