@@ -303,6 +303,9 @@ class NpzStore(BankStore):
         except Exception as exc:
             fail("bank_store", path,
                  f"cannot read the header of array {key!r} in {str(self.path)!r}: {type(exc).__name__}: {exc}")
+        if dtype.hasobject:
+            fail("bank_store", path, f"array {key!r} in {str(self.path)!r} holds Python objects (a pickle), "
+                                     "which are never loaded; expected a numeric array")
         return shape, formula_dtype(dtype)
 
     def _load(self, key: str, path: str = "$.banks") -> np.ndarray:

@@ -66,7 +66,7 @@ def test_validate_errors_exit_1_with_code_and_path(tmp_path, capsys):
     assert main(["validate", str(bad)]) == 1
     assert capsys.readouterr().err.startswith("error [unknown_atom] $.instructions[0].atom_ref:")
     assert main(["validate", str(tmp_path / "missing.json")]) == 1
-    assert "error [schema]" in capsys.readouterr().err
+    assert "error [program_unreadable]" in capsys.readouterr().err
 
 
 def test_run_random(capsys):
