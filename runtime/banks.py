@@ -36,6 +36,7 @@ from numpy.lib import format as npformat
 
 from .errors import FormulaError, fail
 from .hookspecs import hookimpl
+from .memory import check_shape
 from .types import FLOAT_DTYPES as FLOATING, ITEMSIZE, formula_dtype
 
 SAFETENSORS_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
@@ -130,14 +131,10 @@ class BankStore:
             if dtype is None or (dtype != want and not (want == "floating" and dtype in FLOATING)):
                 fail("binding_dtype", path, f"{where} has dtype {dtype or 'unsupported'} in the file's "
                                             f"header; expected {want}")
-            if limits is not None:
-                elements = int(np.prod(shape, dtype=object)) * (len(binding.member_ids) if member else 1)
-                nbytes = elements * ITEMSIZE[dtype]
-                for what, got, cap in (("elements", elements, limits.max_tensor_elements),
-                                       ("bytes", nbytes, limits.max_tensor_bytes)):
-                    if got > cap:
-                        fail("limit_exceeded", path, f"{where} declares {got} {what}; "
-                                                     f"max_tensor_{what} allows {cap}")
+            if limits is not None:  # a bundle's members stack along K: count them all
+                stacked = ((len(binding.member_ids),) if member else ()) + tuple(shape)
+                axes = ((MEMBER_AXIS,) if member else ()) + tuple(a for a in t.axes if not (member and a == MEMBER_AXIS))
+                check_shape(where, axes, stacked, ITEMSIZE[dtype], limits, path)
         return self._load(key, path)
 
     def __repr__(self) -> str:

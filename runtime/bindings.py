@@ -28,7 +28,7 @@ from .arrays import is_device_array
 from .finite import all_finite, device_all_finite
 from .banks import BankOperand, BankStore, binding_identity, tensor_fingerprint
 from .errors import FormulaError, fail
-from .memory import check_ceiling
+from .memory import check_shape, check_working
 from .resident import ResidentBanks, owned_copy
 from .types import FLOAT_DTYPES, formula_dtype, numpy_dtype
 
@@ -136,12 +136,7 @@ def _check_all(bindings, inputs: Mapping, source, symbols: "_Symbols",
         _check_size(b, a, path, limits)
         arrays[b.name] = (b, a, path)
     total = sum(a.nbytes for _, a, _ in arrays.values()) + sum(a.nbytes for a in bound_before)
-    if total > limits.max_working_bytes:
-        fail("limit_exceeded", "$.limits.max_working_bytes",
-             f"the bound values alone need {total} bytes; max_working_bytes allows {limits.max_working_bytes}")
-    if memory_limit is not None:
-        check_ceiling(total, memory_limit, limits.max_working_bytes, "$.limits.max_working_bytes",
-                      "the bound values alone")
+    check_working(total, limits, memory_limit, "the bound values alone")
     values = {name: _check_data(b, a, path) for name, (b, a, path) in arrays.items()}
 
     if deferred:
@@ -156,20 +151,7 @@ def _check_all(bindings, inputs: Mapping, source, symbols: "_Symbols",
 
 
 def _check_size(binding, a, path: str, limits) -> None:
-    """SPEC §5 per-tensor limits on a bound value, from its shape alone (a zero-stride view
-    may declare far more elements than it has memory)."""
-    for axis, extent in zip(binding.value_type.axes, a.shape):
-        if extent > limits.max_axis_extent:
-            fail("limit_exceeded", path, f"axis {axis} of {binding.name!r} has extent {extent}; "
-                                         f"max_axis_extent allows {limits.max_axis_extent}")
-    elements = math.prod(a.shape)
-    if elements > limits.max_tensor_elements:
-        fail("limit_exceeded", path, f"{binding.name!r} has {elements} elements (shape {tuple(a.shape)}); "
-                                     f"max_tensor_elements allows {limits.max_tensor_elements}")
-    nbytes = elements * a.dtype.itemsize
-    if nbytes > limits.max_tensor_bytes:
-        fail("limit_exceeded", path, f"{binding.name!r} needs {nbytes} bytes (shape {tuple(a.shape)}, "
-                                     f"{a.dtype}); max_tensor_bytes allows {limits.max_tensor_bytes}")
+    check_shape(repr(binding.name), binding.value_type.axes, a.shape, a.dtype.itemsize, limits, path)
 
 
 # --- arguments ---------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -314,7 +313,7 @@ def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 
 def _check_random_sizes(program, dims: dict[str, int], bindings, memory_limit: int | None) -> None:
     """The values ``random_values`` would make, measured against the limits from their
     shapes alone (a huge ``--dim`` is refused, never allocated)."""
-    from .memory import check_ceiling
+    from .memory import check_shape, check_working
     from .types import ITEMSIZE
 
     lim = program.limits
@@ -324,26 +323,10 @@ def _check_random_sizes(program, dims: dict[str, int], bindings, memory_limit: i
     total = 0
     for b in bindings:
         t = b.value_type
-        path = f"$.{'inputs' if b.kind == 'input' else 'banks'}.{b.name}"
         shape = [dims[s] if isinstance(s, str) else s for s in t.sizes]
-        for axis, extent in zip(t.axes, shape):
-            if extent > lim.max_axis_extent:
-                fail("limit_exceeded", path, f"axis {axis} of {b.name!r} would have extent {extent}; "
-                                             f"max_axis_extent allows {lim.max_axis_extent}")
-        elements = math.prod(shape)
-        nbytes = elements * ITEMSIZE["float32" if t.dtype == "floating" else t.dtype]
-        for what, got, cap in (("elements", elements, lim.max_tensor_elements),
-                               ("bytes", nbytes, lim.max_tensor_bytes)):
-            if got > cap:
-                fail("limit_exceeded", path, f"random {b.name!r} of shape {shape} would have {got} {what}; "
-                                             f"max_tensor_{what} allows {cap}")
-        total += nbytes
-    if total > lim.max_working_bytes:
-        fail("limit_exceeded", "$.limits.max_working_bytes",
-             f"the random values would need {total} bytes; max_working_bytes allows {lim.max_working_bytes}")
-    if memory_limit is not None:
-        check_ceiling(total, memory_limit, lim.max_working_bytes, "$.limits.max_working_bytes",
-                      "the random values")
+        total += check_shape(f"random {b.name!r}", t.axes, shape, ITEMSIZE["float32" if t.dtype == "floating" else t.dtype],
+                             lim, f"$.{'inputs' if b.kind == 'input' else 'banks'}.{b.name}")
+    check_working(total, lim, memory_limit, "the random values")
 
 
 if __name__ == "__main__":  # pragma: no cover

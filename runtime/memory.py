@@ -9,6 +9,7 @@ and outputs exceed it gets ``limit_exceeded`` naming both limits, before anythin
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from typing import Any, Callable, TypeVar
@@ -67,6 +68,32 @@ def check_ceiling(needed: int, ceiling: int, max_working_bytes: int, path: str, 
              f"{what} needs {needed} bytes, over the runtime memory limit of {ceiling} bytes "
              f"(compile(memory_limit=...) or {ENV}); the program's max_working_bytes is "
              f"{max_working_bytes}")
+
+
+def check_shape(what: str, axes, shape, itemsize: int, limits, path: str) -> int:
+    """SPEC §5 per-tensor limits from a shape alone (no value is read: a zero-stride view or a
+    file header may declare far more than it holds); returns the tensor's bytes."""
+    for axis, extent in zip(axes, shape):
+        if extent > limits.max_axis_extent:
+            fail("limit_exceeded", path, f"axis {axis} of {what} has extent {extent}; "
+                                         f"max_axis_extent allows {limits.max_axis_extent}")
+    elements = math.prod(shape)
+    nbytes = elements * itemsize
+    for unit, got, cap in (("elements", elements, limits.max_tensor_elements),
+                           ("bytes", nbytes, limits.max_tensor_bytes)):
+        if got > cap:
+            fail("limit_exceeded", path, f"{what} (shape {list(shape)}) has {got} {unit}; "
+                                         f"max_tensor_{unit} allows {cap}")
+    return nbytes
+
+
+def check_working(total: int, limits, memory_limit: int | None, what: str) -> None:
+    """``total`` bytes against the program's ``max_working_bytes`` and the runtime ceiling."""
+    if total > limits.max_working_bytes:
+        fail("limit_exceeded", "$.limits.max_working_bytes",
+             f"{what} need {total} bytes; max_working_bytes allows {limits.max_working_bytes}")
+    if memory_limit is not None:
+        check_ceiling(total, memory_limit, limits.max_working_bytes, "$.limits.max_working_bytes", what)
 
 
 def no_memory_error(fn: F) -> F:

@@ -131,7 +131,7 @@ def test_d3_an_npz_member_is_checked_by_its_header_before_it_is_inflated(tmp_pat
     with Bounded(), pytest.raises(runtime.FormulaError) as err:
         exe.run(banks=store)
     assert err.value.code == "limit_exceeded" and err.value.path == "$.banks.w"
-    assert "declares 67108864 elements" in err.value.message
+    assert "has 67108864 elements" in err.value.message
 
 
 @pytest.mark.parametrize("fmt", ["npz", "safetensors"])
