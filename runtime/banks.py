@@ -278,7 +278,7 @@ class NpzStore(BankStore):
                 self._keys = list(z.files)
                 raw = None
                 if METADATA_KEY in z.files:
-                    shape, dtype = _npy_header(path, METADATA_KEY)
+                    shape, dtype = npy_header(path, METADATA_KEY)
                     if shape != () or dtype.itemsize > MAX_METADATA_BYTES:
                         fail("bank_store", "$.banks", f"{METADATA_KEY} in {str(path)!r} must be a 0-d string "
                                                       f"array of at most {MAX_METADATA_BYTES} bytes, got "
@@ -296,7 +296,7 @@ class NpzStore(BankStore):
 
     def header(self, key: str, path: str = "$.banks") -> tuple[tuple[int, ...], str | None]:
         try:
-            shape, dtype = _npy_header(self.path, key)
+            shape, dtype = npy_header(self.path, key)
         except Exception as exc:
             fail("bank_store", path,
                  f"cannot read the header of array {key!r} in {str(self.path)!r}: {type(exc).__name__}: {exc}")
@@ -314,7 +314,7 @@ class NpzStore(BankStore):
                  f"cannot read array {key!r} from {str(self.path)!r}: {type(exc).__name__}: {exc}")
 
 
-def _npy_header(path: Path, key: str) -> tuple[tuple[int, ...], np.dtype]:
+def npy_header(path: Path, key: str) -> tuple[tuple[int, ...], np.dtype]:
     """The shape and dtype of an npz member from its .npy header (the data stays compressed)."""
     with zipfile.ZipFile(path) as zf:
         names = set(zf.namelist())

@@ -239,7 +239,8 @@ def _plugins(args) -> int:
 
 # --- values ------------------------------------------------------------------------------
 def _values(program, args, memory_limit: int | None = None) -> tuple[dict[str, Any], Any]:
-    inputs: dict[str, Any] | None = read_arrays(args.inputs, "$.inputs") if args.inputs else None
+    inputs: dict[str, Any] | None = read_arrays(args.inputs, "$.inputs", program.limits, memory_limit) \
+        if args.inputs else None
     banks: Any = None
     if args.banks:
         from .api import open_bank_store
@@ -262,21 +263,47 @@ def _values(program, args, memory_limit: int | None = None) -> tuple[dict[str, A
     return inputs or {}, banks
 
 
-def read_arrays(location: str, path: str) -> dict[str, np.ndarray]:
-    """Arrays by name from an ``.npz`` (no pickles) or ``.safetensors`` file."""
+def read_arrays(location: str, path: str, limits=None, memory_limit: int | None = None) -> dict[str, np.ndarray]:
+    """Arrays by name from an ``.npz`` (no pickles) or ``.safetensors`` file; with ``limits``,
+    every array's header is measured against them before any data is read."""
     file = Path(location)
     suffix = file.suffix.lower()
     if suffix not in (".npz", ".safetensors"):
         fail("schema", path, f"{location!r}: expected an .npz or .safetensors file of arrays by name")
     try:
+        if limits is not None:
+            _check_headers(file, suffix, path, limits, memory_limit)
         if suffix == ".npz":
             with np.load(file, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files if k != "__metadata__"}
         from safetensors.numpy import load_file
 
         return load_file(str(file))
+    except FormulaError:
+        raise
     except Exception as exc:  # OSError, zip/pickle ValueError, safetensors' own errors
         fail("schema", path, f"cannot read arrays from {location!r}: {type(exc).__name__}: {exc}")
+
+
+def _check_headers(file: Path, suffix: str, path: str, limits, memory_limit: int | None) -> None:
+    from .banks import SAFETENSORS_DTYPES, npy_header
+    from .memory import check_shape, check_working
+    from .types import ITEMSIZE
+
+    if suffix == ".npz":
+        with np.load(file, allow_pickle=False) as z:
+            heads = {k: npy_header(file, k) for k in z.files if k != "__metadata__"}
+        sizes = {k: (shape, dtype.itemsize) for k, (shape, dtype) in heads.items()}
+    else:
+        from safetensors import safe_open
+
+        with safe_open(str(file), framework="numpy") as f:
+            slices = {k: f.get_slice(k) for k in f.keys()}
+            sizes = {k: (tuple(sl.get_shape()), ITEMSIZE.get(SAFETENSORS_DTYPES.get(sl.get_dtype()), 8))
+                     for k, sl in slices.items()}
+    total = sum(check_shape(f"array {k!r} of {str(file)!r}", (f"dim{i}" for i in range(len(shape))), shape,
+                            itemsize, limits, f"{path}.{k}") for k, (shape, itemsize) in sizes.items())
+    check_working(total, limits, memory_limit, f"the arrays of {str(file)!r}")
 
 
 def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 1,

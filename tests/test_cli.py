@@ -265,3 +265,18 @@ def test_validate_refuses_hostile_program_files_without_internal_errors(capsys, 
     assert main(["validate", target]) == 1
     err = capsys.readouterr().err
     assert f"[{code}]" in err and "internal error" not in err
+
+
+def test_run_inputs_file_is_measured_by_its_headers_before_it_is_read(tmp_path, capsys):
+    import zipfile
+
+    from numpy.lib import format as npformat
+
+    path = tmp_path / "in.npz"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("x.npy", "w", force_zip64=True) as f:  # declares 4 GiB, holds 1 MiB of zeros
+            npformat.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (1 << 30,)})
+            f.write(bytes(1 << 20))
+    assert main(["run", SEED, "--inputs", str(path), "--random"]) == 1
+    err = capsys.readouterr().err
+    assert "[limit_exceeded] $.inputs.x" in err and "internal error" not in err
