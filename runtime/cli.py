@@ -154,7 +154,7 @@ def _run(args) -> int:
     from .api import compile as compile_program
 
     exe = compile_program(Path(args.program), backend=args.backend)
-    inputs, banks = _values(exe.program, args, exe.memory_limit)
+    inputs, banks = _values(exe, args)
     started = time.perf_counter()
     result = exe.run(inputs=inputs, banks=banks)
     elapsed = (time.perf_counter() - started) * 1e3
@@ -198,6 +198,7 @@ def _bench(args) -> int:
         fail("schema", "$.bench", f"--repeat must be ≥ 1 and --warmup ≥ 0, got {args.repeat}, {args.warmup}")
     exe = compile_program(Path(args.program), backend=args.backend)
     dims = dict(args.dim)
+    _preflight(exe, dims)
     inputs, banks = random_values(exe.program, dims, args.seed, args.int_high, memory_limit=exe.memory_limit)
     if not args.banks_per_run:
         banks = exe.load_banks(banks)
@@ -238,7 +239,8 @@ def _plugins(args) -> int:
 
 
 # --- values ------------------------------------------------------------------------------
-def _values(program, args, memory_limit: int | None = None) -> tuple[dict[str, Any], Any]:
+def _values(exe, args) -> tuple[dict[str, Any], Any]:
+    program, memory_limit = exe.program, exe.memory_limit
     inputs: dict[str, Any] | None = read_arrays(args.inputs, "$.inputs", program.limits, memory_limit) \
         if args.inputs else None
     banks: Any = None
@@ -254,6 +256,7 @@ def _values(program, args, memory_limit: int | None = None) -> tuple[dict[str, A
                 for size, extent in zip(b.value_type.sizes, value.shape):
                     if isinstance(size, str):
                         dims.setdefault(size, extent)
+        _preflight(exe, dims)
         want_inputs = [] if inputs is not None else program.input_bindings
         want_banks = [] if banks is not None else program.bank_bindings
         rand_inputs, rand_banks = random_values(program, dims, args.seed, args.int_high,
@@ -261,6 +264,18 @@ def _values(program, args, memory_limit: int | None = None) -> tuple[dict[str, A
         inputs = inputs if inputs is not None else rand_inputs
         banks = banks if banks is not None else rand_banks
     return inputs or {}, banks
+
+
+def _preflight(exe, dims: dict[str, int]) -> None:
+    """The whole plan's §5 limits and the memory ceiling for these extents, when they fix
+    every symbol of the bindings: before any random value is made."""
+    from .memory import check_working
+
+    symbols = {s for b in exe.program.bindings for s in b.value_type.sizes if isinstance(s, str)}
+    if symbols and symbols <= set(dims):
+        plan = exe.plan({s: dims[s] for s in symbols}, enforce=False)  # per-tensor limits enforced
+        check_working(plan.working_bytes, exe.program.limits, exe.memory_limit,
+                      "the run's working set (bindings, arena peak and outputs)")
 
 
 def read_arrays(location: str, path: str, limits=None, memory_limit: int | None = None) -> dict[str, np.ndarray]:

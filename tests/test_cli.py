@@ -280,3 +280,11 @@ def test_run_inputs_file_is_measured_by_its_headers_before_it_is_read(tmp_path, 
     assert main(["run", SEED, "--inputs", str(path), "--random"]) == 1
     err = capsys.readouterr().err
     assert "[limit_exceeded] $.inputs.x" in err and "internal error" not in err
+
+
+def test_run_random_checks_the_whole_plan_against_the_memory_ceiling(monkeypatch, capsys):
+    # bindings 768 KiB fit 1 MiB; with the 256 KiB output the working set does not
+    monkeypatch.setenv("FORMULA_MEMORY_LIMIT", "1M")
+    assert main(["run", SEED, "--random", "--dim", "B=1", "--dim", "S=64"]) == 1
+    err = capsys.readouterr().err
+    assert "[limit_exceeded]" in err and "working set" in err and "runtime memory limit" in err
