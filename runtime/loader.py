@@ -36,6 +36,8 @@ DEFAULT_MAX_PROGRAM_BYTES = 64 * 1024 * 1024
 def max_program_bytes(override: int | None = None) -> int:
     """The program text cap: the argument, else ``FORMULA_MAX_PROGRAM_BYTES``, else the default."""
     if override is not None:
+        if isinstance(override, bool) or not isinstance(override, int) or override < 1:
+            fail("schema", "$.max_bytes", f"max_bytes must be a positive int, got {override!r}")
         return override
     raw = os.environ.get("FORMULA_MAX_PROGRAM_BYTES")
     if raw is None:
