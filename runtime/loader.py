@@ -345,19 +345,25 @@ def instruction(value: Any, path: str) -> Instruction:
     attributes = rec["attributes"]
     if not isinstance(attributes, dict):
         fail("schema", f"{path}.attributes", f"attributes must be an object, got {_kind(attributes)}")
-    return Instruction(iid, step, atom_ref, tuple(inputs), output, _copied(attributes))
+    return Instruction(iid, step, atom_ref, tuple(inputs), output, _copied(attributes, f"{path}.attributes"))
 
 
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def _copied(value: Any) -> Any:
+def _copied(value: Any, path: str) -> Any:
     """A copy of JSON data (the caller's object is never shared); plain dicts and lists are
     copied directly, three times faster than ``deepcopy``, which handles anything else."""
     try:
         return _copy_json(value)
     except (RecursionError, _NotJSON):
+        pass
+    try:
         return copy.deepcopy(value)
+    except RecursionError:
+        fail("schema", path, "nested too deeply")
+    except Exception as exc:  # an object of the caller's that cannot be copied
+        fail("schema", path, f"cannot be copied as JSON data: {type(exc).__name__}: {exc}")
 
 
 class _NotJSON(Exception):

@@ -138,3 +138,22 @@ def test_program_builder_names_a_missing_attribute_instead_of_a_key_error():
     with pytest.raises(runtime.FormulaError) as err:
         b.op("scale", [x], {"factor_axes": [], "accumulation_dtype": "float32"})
     assert err.value.path == "$.instructions[0].input_slots"
+
+
+def test_attributes_nested_too_deeply_or_not_copyable_are_schema_errors(seed_dict):
+    deep = inner = {}
+    for _ in range(50_000):
+        inner["a"] = {}
+        inner = inner["a"]
+
+    class Uncopyable:
+        def __deepcopy__(self, memo):
+            raise TypeError("no copies")
+
+    for value, words in ((deep, "nested too deeply"), (Uncopyable(), "cannot be copied")):
+        bad = copy.deepcopy(seed_dict)
+        bad["instructions"][0]["attributes"]["extra"] = value
+        with pytest.raises(runtime.FormulaError) as err:
+            runtime.load_program(bad)
+        assert err.value.code == "schema" and err.value.path == "$.instructions[0].attributes"
+        assert words in err.value.message
