@@ -11,7 +11,6 @@ NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # axes and size symbols
 BINDING_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")  # bindings and member ids
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int64": 8, "boolean": 1}
 DTYPES = ("floating",) + FLOAT_DTYPES + ("int64", "boolean")
 
 Size = int | str  # a static extent, or a symbol bound once per run
