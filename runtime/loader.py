@@ -67,7 +67,8 @@ def read_source(src: Any, max_bytes: int | None = None) -> Any:
         except UnicodeDecodeError as exc:
             fail("schema", "$", f"program bytes are not UTF-8: {exc}")
         return _parse_json(src, "program text")
-    if isinstance(src, os.PathLike) or (isinstance(src, str) and not src.lstrip().startswith(("{", "["))):
+    if isinstance(src, os.PathLike) or (isinstance(src, str) and not src.lstrip().startswith(("{", "["))
+                                        and _exists(src)):
         path = Path(src)
         data = read_file_capped(path, cap)
         try:
@@ -79,6 +80,14 @@ def read_source(src: Any, max_bytes: int | None = None) -> Any:
         _check_size(len(src), cap, "program text")  # characters: a lower bound on its bytes
         return _parse_json(src, "program text")
     fail("schema", "$", f"expected a program as a path, JSON text, bytes or dict, got {type(src).__name__}")
+
+
+def _exists(text: str) -> bool:
+    """Whether a string names something on disk (else it is read as JSON text: ``"null"``)."""
+    try:
+        return os.path.lexists(text)
+    except (OSError, ValueError):
+        return False
 
 
 def _check_size(size: int, cap: int, what: str, code: str = "limit_exceeded") -> None:
