@@ -6,6 +6,7 @@ from typing import Any
 
 from . import loader
 from .executor import Executable, Result
+from .memory import no_memory_error
 from .model import Program
 from .errors import FormulaError, fail
 from .registry import Registry, default_registry
@@ -14,26 +15,35 @@ from .validate import validate
 DEFAULT_BACKEND = "cpu"
 
 
-def load_program(src: Any, registry: Registry | None = None) -> Program:
-    """A fully validated program from a path, JSON text/bytes, a parsed dict, or a Program."""
+@no_memory_error
+def load_program(src: Any, registry: Registry | None = None, max_bytes: int | None = None) -> Program:
+    """A fully validated program from a path, JSON text/bytes, a parsed dict, or a Program.
+
+    Text and files are capped at ``max_bytes`` (default: ``FORMULA_MAX_PROGRAM_BYTES``, else
+    64 MiB); a path that is not a readable regular file is ``program_unreadable``."""
     if isinstance(src, Program):
         return src
-    program = loader.program(loader.read_source(src))
+    program = loader.program(loader.read_source(src, max_bytes))
     validate(program, registry or default_registry())
     return program
 
 
-def compile(src: Any, backend: str = DEFAULT_BACKEND, registry: Registry | None = None) -> Executable:  # noqa: A001
-    """An executable reusable across runs; plans and kernels are built once per set of extents."""
+@no_memory_error
+def compile(src: Any, backend: str = DEFAULT_BACKEND, registry: Registry | None = None,  # noqa: A001
+            memory_limit: Any = None) -> Executable:
+    """An executable reusable across runs; plans and kernels are built once per set of extents.
+    ``memory_limit`` caps every run's working set whatever the program's own limits say
+    (bytes or ``"8G"``; default ``FORMULA_MEMORY_LIMIT``, else the machine's available memory)."""
     registry = registry or default_registry()
-    return Executable(load_program(src, registry), backend, registry)
+    return Executable(load_program(src, registry), backend, registry, memory_limit)
 
 
 def execute(src: Any, inputs: Mapping[str, Any] | None = None, banks: Any = None,
             backend: str = DEFAULT_BACKEND, trace: bool = False,
-            registry: Registry | None = None, out: Mapping[str, Any] | None = None) -> Result:
+            registry: Registry | None = None, out: Mapping[str, Any] | None = None,
+            memory_limit: Any = None) -> Result:
     """Load, compile and run once. For repeated runs, keep ``compile``'s executable."""
-    return compile(src, backend, registry).run(inputs=inputs, banks=banks, trace=trace, out=out)
+    return compile(src, backend, registry, memory_limit).run(inputs=inputs, banks=banks, trace=trace, out=out)
 
 
 def open_bank_store(location, registry=None):

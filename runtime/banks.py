@@ -26,14 +26,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
+from numpy.lib import format as npformat
 
 from .errors import FormulaError, fail
 from .hookspecs import hookimpl
+from .memory import check_shape
+from .types import FLOAT_DTYPES as FLOATING, ITEMSIZE, formula_dtype
+
+SAFETENSORS_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
+                      "I64": "int64", "BOOL": "boolean"}
+MAX_METADATA_BYTES = 1 << 20  # a JSON object of a few refs; more is a hostile header
 
 MEMBER_AXIS = "K"
 METADATA_KEY = "__metadata__"
@@ -102,6 +110,33 @@ class BankStore:
     def _load(self, key: str, path: str = "$.banks") -> np.ndarray:
         raise NotImplementedError
 
+    def header(self, key: str, path: str = "$.banks") -> tuple[tuple[int, ...], str | None] | None:
+        """(shape, formula dtype or None) of a tensor read from the file's header without its
+        data, or None when the format cannot tell (then only the loaded value is checked)."""
+        return None
+
+    def _checked_load(self, binding, key: str, path: str, limits, member: bool = False) -> np.ndarray:
+        """``_load(key)`` after its header matches the binding (rank, static extents, dtype)
+        and the limits, so a small file declaring a huge tensor is never inflated."""
+        head = self.header(key, path)
+        if head is not None:
+            shape, dtype = head
+            t = binding.value_type
+            sizes = [z for a, z in zip(t.axes, t.sizes) if not (member and a == MEMBER_AXIS)]
+            where = f"tensor {key!r} of bank {binding.name!r} in {str(self.path)!r}"
+            if len(shape) != len(sizes) or any(isinstance(z, int) and z != e for z, e in zip(sizes, shape)):
+                fail("binding_shape", path, f"{where} has shape {list(shape)} in the file's header; "
+                                            f"expected {t.describe()}" + (" without axis K" if member else ""))
+            want = t.dtype
+            if dtype is None or (dtype != want and not (want == "floating" and dtype in FLOATING)):
+                fail("binding_dtype", path, f"{where} has dtype {dtype or 'unsupported'} in the file's "
+                                            f"header; expected {want}")
+            if limits is not None:  # a bundle's members stack along K: count them all
+                stacked = ((len(binding.member_ids),) if member else ()) + tuple(shape)
+                axes = ((MEMBER_AXIS,) if member else ()) + tuple(a for a in t.axes if not (member and a == MEMBER_AXIS))
+                check_shape(where, axes, stacked, ITEMSIZE[dtype], limits, path)
+        return self._load(key, path)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {str(self.path)!r}: {len(self.keys())} tensors>"
 
@@ -112,9 +147,11 @@ class BankStore:
             self._file_fingerprint = file_fingerprint(self.path)
         return self._file_fingerprint
 
-    def resolve_bank(self, binding, path: str, verify: bool = True) -> BankOperand:
+    def resolve_bank(self, binding, path: str, verify: bool = True, limits=None) -> BankOperand:
         """The operand for ``binding`` with full identity; ``verify`` also checks a per-tensor
-        fingerprint (``bind_values`` passes False because it verifies every value itself)."""
+        fingerprint (``bind_values`` passes False because it verifies every value itself).
+        Each tensor's header is checked against the binding and ``limits`` before its data
+        is read."""
         declared = self.metadata.get("source_ref")
         if declared is not None and declared != binding.source_ref:
             fail("bank_identity", path,
@@ -127,7 +164,8 @@ class BankStore:
                  f"bank store {str(self.path)!r} declares asset {asset}, but binding "
                  f"{binding.name!r} expects asset {binding.asset_fingerprint}")
         if binding.bundle_id is None:
-            value = self._load(self._find(binding, (binding.partition_id, binding.name), path), path)
+            value = self._checked_load(binding, self._find(binding, (binding.partition_id, binding.name), path),
+                                       path, limits)
             if verify and binding.asset_fingerprint is not None:
                 got = tensor_fingerprint(value)
                 if got != binding.asset_fingerprint:
@@ -135,25 +173,27 @@ class BankStore:
                          f"tensor for bank {binding.name!r} in {str(self.path)!r} has sha256 "
                          f"{got}, but the binding's asset_fingerprint is {binding.asset_fingerprint}")
         else:
-            value = self._bundle_value(binding, path)
+            value = self._bundle_value(binding, path, limits)
             if binding.asset_fingerprint is not None and self.fingerprint != binding.asset_fingerprint:
                 fail("bank_identity", path,
                      f"bank store file {str(self.path)!r} has sha256 {self.fingerprint}, but "
                      f"bundle {binding.bundle_id!r} expects asset {binding.asset_fingerprint}")
         return BankOperand(value, **binding_identity(binding))
 
-    def _bundle_value(self, binding, path: str) -> np.ndarray:
+    def _bundle_value(self, binding, path: str, limits=None) -> np.ndarray:
         t = binding.value_type
         keys = set(self.keys())
         member_keys = [f"{binding.partition_id}/{m}" for m in binding.member_ids]
         if MEMBER_AXIS not in t.axes and len(member_keys) == 1 and member_keys[0] not in keys:
-            return self._load(self._find(binding, (binding.partition_id, binding.name), path), path)
+            return self._checked_load(binding, self._find(binding, (binding.partition_id, binding.name), path),
+                                      path, limits)
         missing = [k for k in member_keys if k not in keys]
         if missing:
             fail("binding_keys", path,
                  f"bank store {str(self.path)!r} lacks member tensors {missing} of bundle "
                  f"{binding.bundle_id!r} for bank {binding.name!r}{self._has()}")
-        members = [self._load(k, path) for k in member_keys]
+        members = [self._checked_load(binding, k, path, limits, member=MEMBER_AXIS in t.axes)
+                   for k in member_keys]
         if MEMBER_AXIS not in t.axes:
             return members[0]
         shapes = {m.shape for m in members}
@@ -215,6 +255,18 @@ class SafetensorsStore(BankStore):
                  f"cannot read tensor {key!r} from {str(self.path)!r}: {type(exc).__name__}: {exc}")
 
 
+    def header(self, key: str, path: str = "$.banks") -> tuple[tuple[int, ...], str | None]:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(self.path), framework="numpy") as f:
+                sl = f.get_slice(key)
+                return tuple(int(e) for e in sl.get_shape()), SAFETENSORS_DTYPES.get(sl.get_dtype())
+        except Exception as exc:
+            fail("bank_store", path,
+                 f"cannot read the header of tensor {key!r} in {str(self.path)!r}: {type(exc).__name__}: {exc}")
+
+
 class NpzStore(BankStore):
     """A ``.npz`` archive read with ``np.load(allow_pickle=False)``."""
 
@@ -224,7 +276,16 @@ class NpzStore(BankStore):
         try:
             with np.load(path, allow_pickle=False) as z:
                 self._keys = list(z.files)
-                raw = z[METADATA_KEY] if METADATA_KEY in z.files else None
+                raw = None
+                if METADATA_KEY in z.files:
+                    shape, dtype = npy_header(path, METADATA_KEY)
+                    if shape != () or dtype.itemsize > MAX_METADATA_BYTES:
+                        fail("bank_store", "$.banks", f"{METADATA_KEY} in {str(path)!r} must be a 0-d string "
+                                                      f"array of at most {MAX_METADATA_BYTES} bytes, got "
+                                                      f"{dtype}{list(shape)}")
+                    raw = z[METADATA_KEY]
+        except FormulaError:
+            raise
         except Exception as exc:
             fail("bank_store", "$.banks",
                  f"cannot read npz file {str(path)!r}: {type(exc).__name__}: {exc}")
@@ -233,6 +294,17 @@ class NpzStore(BankStore):
     def keys(self) -> list[str]:
         return [k for k in self._keys if k != METADATA_KEY]
 
+    def header(self, key: str, path: str = "$.banks") -> tuple[tuple[int, ...], str | None]:
+        try:
+            shape, dtype = npy_header(self.path, key)
+        except Exception as exc:
+            fail("bank_store", path,
+                 f"cannot read the header of array {key!r} in {str(self.path)!r}: {type(exc).__name__}: {exc}")
+        if dtype.hasobject:
+            fail("bank_store", path, f"array {key!r} in {str(self.path)!r} holds Python objects (a pickle), "
+                                     "which are never loaded; expected a numeric array")
+        return shape, formula_dtype(dtype)
+
     def _load(self, key: str, path: str = "$.banks") -> np.ndarray:
         try:
             with np.load(self.path, allow_pickle=False) as z:
@@ -240,6 +312,22 @@ class NpzStore(BankStore):
         except Exception as exc:
             fail("bank_store", path,
                  f"cannot read array {key!r} from {str(self.path)!r}: {type(exc).__name__}: {exc}")
+
+
+def npy_header(path: Path, key: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of an npz member from its .npy header (the data stays compressed)."""
+    with zipfile.ZipFile(path) as zf:
+        names = set(zf.namelist())
+        member = f"{key}.npy" if f"{key}.npy" in names else key
+        with zf.open(member) as f:
+            version = npformat.read_magic(f)
+            if version == (1, 0):
+                shape, _, dtype = npformat.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, _, dtype = npformat.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"unsupported .npy format version {version}")
+    return tuple(shape), dtype
 
 
 def _npz_metadata(raw, path: Path) -> dict[str, str]:

@@ -26,8 +26,9 @@ import numpy as np
 
 from .arrays import is_device_array
 from .finite import all_finite, device_all_finite
-from .banks import BankOperand, binding_identity, tensor_fingerprint
+from .banks import BankOperand, BankStore, binding_identity, tensor_fingerprint
 from .errors import FormulaError, fail
+from .memory import check_shape, check_working
 from .resident import ResidentBanks, owned_copy
 from .types import FLOAT_DTYPES, formula_dtype, numpy_dtype
 
@@ -49,10 +50,12 @@ class BoundValues:
     resident: Mapping[str, Any] = NO_RESIDENT  # resident banks: their values on the backend
 
 
-def bind_values(program, inputs: Mapping[str, Any] | None, banks: Any) -> BoundValues:
+def bind_values(program, inputs: Mapping[str, Any] | None, banks: Any,
+                memory_limit: int | None = None) -> BoundValues:
     """Check ``inputs``/``banks`` against the program's bindings (every SPEC §4 rule).
     Resident banks (``runtime.resident``) were checked when loaded: only the inputs are,
-    with the extents the banks fix."""
+    with the extents the banks fix. Shapes, dtypes and every limit (the program's and the
+    runtime's ``memory_limit``) are checked for all values before any pass over their data."""
     inputs = _mapping(inputs, "$.inputs", "inputs")
     resident = banks if isinstance(banks, ResidentBanks) else None
     symbols = _Symbols()
@@ -63,19 +66,20 @@ def bind_values(program, inputs: Mapping[str, Any] | None, banks: Any) -> BoundV
         symbols.where.update(resident.where)
         floating = [v.dtype for name, v in resident.owned.items()
                     if program.binding(name).value_type.dtype == "floating"]
-        values = _check_all(program.input_bindings, inputs, (None, {}), symbols, floating)
+        values = _check_all(program.input_bindings, inputs, (None, {}), symbols, floating,
+                            program.limits, memory_limit, resident.owned.values())
         values.update(resident.owned)
     else:
         source = _bank_source(banks)
         _check_keys(program, inputs, program.input_bindings, "$.inputs", "input")
         _check_bank_keys(program, source)
-        values = _check_all(program.bindings, inputs, source, symbols, ())
+        values = _check_all(program.bindings, inputs, source, symbols, (), program.limits, memory_limit)
     ordered = {b.name: values[b.name] for b in program.bindings}
     return BoundValues(ordered, dict(symbols.dims), sum(a.nbytes for a in ordered.values()),
                        resident=resident.on_backend if resident is not None else NO_RESIDENT)
 
 
-def bind_banks(program, banks: Any) -> tuple[BoundValues, dict[str, str]]:
+def bind_banks(program, banks: Any, memory_limit: int | None = None) -> tuple[BoundValues, dict[str, str]]:
     """The bank bindings alone checked (for ``runtime.resident``), and where each symbol
     they fix was bound. A Python number for a 0-d ``floating`` bank takes the float dtype of
     the other banks here (there are no inputs to agree with)."""
@@ -84,7 +88,7 @@ def bind_banks(program, banks: Any) -> tuple[BoundValues, dict[str, str]]:
     source = _bank_source(banks)
     _check_bank_keys(program, source)
     symbols = _Symbols()
-    values = _check_all(program.bank_bindings, {}, source, symbols, ())
+    values = _check_all(program.bank_bindings, {}, source, symbols, (), program.limits, memory_limit)
     ordered = {b.name: values[b.name] for b in program.bank_bindings}
     return BoundValues(ordered, dict(symbols.dims), sum(a.nbytes for a in ordered.values())), \
         dict(symbols.where)
@@ -103,11 +107,16 @@ def _check_bank_keys(program, source) -> None:
 
 
 def _check_all(bindings, inputs: Mapping, source, symbols: "_Symbols",
-               floating_known: Sequence[np.dtype]) -> dict[str, np.ndarray]:
+               floating_known: Sequence[np.dtype], limits, memory_limit: int | None,
+               bound_before=()) -> dict[str, np.ndarray]:
     """Every value of ``bindings`` checked. ``floating_known``: the dtypes of the run's
-    ``floating`` values checked before (they count for the dtype a Python number takes)."""
+    ``floating`` values checked before (they count for the dtype a Python number takes).
+    Two phases: rank, extents, dtype and every size limit for all values, then the passes
+    over data (byte order, finiteness, fingerprints), so a value declaring 2³¹ elements is
+    refused for its size before anything reads it. ``bound_before``: values bound already
+    (resident banks) that count toward the working bytes."""
     store, bank_map = source
-    values: dict[str, np.ndarray] = {}
+    arrays: dict[str, tuple[Any, np.ndarray, str]] = {}
     deferred: list[tuple[Any, Any, str]] = []  # Python numbers for 0-d 'floating' bindings
     for b in bindings:
         path = f"$.{'inputs' if b.kind == 'input' else 'banks'}.{b.name}"
@@ -118,12 +127,17 @@ def _check_all(bindings, inputs: Mapping, source, symbols: "_Symbols",
                      f"input {b.name!r} got a BankOperand; operands are for bank bindings, "
                      f"pass the array itself")
         else:
-            raw = _resolve(store, b, path) if store is not None else bank_map[b.name]
+            raw = _resolve(store, b, path, limits) if store is not None else bank_map[b.name]
             raw = _unwrap_operand(b, raw, path)
         if _is_number(raw) and b.value_type.dtype == "floating" and b.value_type.rank == 0:
             deferred.append((b, raw, path))
             continue
-        values[b.name] = _check_value(b, raw, path, symbols)
+        a = _check_structure(b, raw, path, symbols)
+        _check_size(b, a, path, limits)
+        arrays[b.name] = (b, a, path)
+    total = sum(a.nbytes for _, a, _ in arrays.values()) + sum(a.nbytes for a in bound_before)
+    check_working(total, limits, memory_limit, "the bound values alone")
+    values = {name: _check_data(b, a, path) for name, (b, a, path) in arrays.items()}
 
     if deferred:
         floats = {b.name for b in bindings if b.value_type.dtype == "floating"}
@@ -131,8 +145,13 @@ def _check_all(bindings, inputs: Mapping, source, symbols: "_Symbols",
         seen.update(floating_known)
         dtype = seen.pop() if len(seen) == 1 else np.dtype(np.float64)
         for b, raw, path in deferred:
-            values[b.name] = _check_value(b, _number(b, raw, path, dtype), path, symbols)
+            a = _check_structure(b, _number(b, raw, path, dtype), path, symbols)
+            values[b.name] = _check_data(b, a, path)
     return values
+
+
+def _check_size(binding, a, path: str, limits) -> None:
+    check_shape(repr(binding.name), binding.value_type.axes, a.shape, a.dtype.itemsize, limits, path)
 
 
 # --- arguments ---------------------------------------------------------------------------
@@ -168,8 +187,10 @@ def _check_keys(program, given: Mapping, expected, path: str, kind: str) -> None
          f"{' and '.join(parts)}; the program's {kind} bindings are {names}")
 
 
-def _resolve(store, binding, path: str):
+def _resolve(store, binding, path: str, limits=None):
     try:
+        if isinstance(store, BankStore):  # a built-in store checks headers before reading data
+            return store.resolve_bank(binding, path, verify=False, limits=limits)
         return store.resolve_bank(binding, path, verify=False)
     except FormulaError:
         raise
@@ -201,7 +222,8 @@ def _is_number(raw: Any) -> bool:
     return isinstance(raw, (bool, numbers.Real)) and not isinstance(raw, (np.generic, np.ndarray))
 
 
-def _check_value(binding, raw: Any, path: str, symbols: "_Symbols") -> np.ndarray:
+def _check_structure(binding, raw: Any, path: str, symbols: "_Symbols") -> np.ndarray:
+    """Rank, extents, symbols and dtype: nothing that reads the values."""
     t = binding.value_type
     a = _as_array(binding, raw, path)
     if a.ndim != t.rank:
@@ -225,6 +247,12 @@ def _check_value(binding, raw: Any, path: str, symbols: "_Symbols") -> np.ndarra
         fail("binding_dtype", path,
              f"{binding.name!r} has dtype {a.dtype}; expected {want} (values are never cast "
              f"implicitly)")
+    return a
+
+
+def _check_data(binding, a, path: str) -> np.ndarray:
+    """The passes over the data: byte order, finiteness, the asset fingerprint."""
+    got = formula_dtype(a.dtype)
     if not a.dtype.isnative:  # kernels read native byte order; converting keeps every value
         a = a.astype(a.dtype.newbyteorder("="))
     if got in FLOAT_DTYPES and not _all_finite(a):
@@ -331,11 +359,14 @@ class Binder:
     Anything else (a bank store, operands, Python numbers, fingerprints to verify, or any
     failure) takes the full path, which also produces the precise error."""
 
-    def __init__(self, program, deferred: Callable[[tuple], frozenset[str] | None] = lambda structure: frozenset()):
-        """``deferred(structure)``: the float bindings whose finiteness, for runs of that
+    def __init__(self, program, deferred: Callable[[tuple], frozenset[str] | None] = lambda structure: frozenset(),
+                 memory_limit: int | None = None):
+        """``memory_limit``: the runtime ceiling the bound values must fit (before any pass
+        over them). ``deferred(structure)``: the float bindings whose finiteness, for runs of that
         structure, the kernels check themselves (the executor then calls :meth:`check_finite`);
         None while that is not known yet (no plan for the structure)."""
         self.program = program
+        self.memory_limit = memory_limit
         self._deferred = deferred
         self._order = tuple((b.name, b.kind == "input", b.value_type.dtype in FLOAT_DTYPES
                              or b.value_type.dtype == "floating") for b in program.bindings)
@@ -350,7 +381,7 @@ class Binder:
         """Raise the full path's precise ``nonfinite`` error if any of ``names`` is not finite."""
         for name in names:
             if not _all_finite(bound.values[name]):
-                bind_values(self.program, inputs, banks)  # names the value and the index
+                bind_values(self.program, inputs, banks, self.memory_limit)  # names the value and the index
                 kind = "inputs" if self.program.binding(name).kind == "input" else "banks"
                 fail("nonfinite", f"$.{kind}.{name}", f"{name!r} holds non-finite values "
                      "(it changed while the run read it)")
@@ -358,7 +389,7 @@ class Binder:
     def bind(self, inputs: Any, banks: Any) -> BoundValues:
         resident = banks if isinstance(banks, ResidentBanks) else None
         if not (self._eligible or resident is not None):
-            return bind_values(self.program, inputs, banks)
+            return bind_values(self.program, inputs, banks, self.memory_limit)
         same = self._key(inputs, banks, resident, like=self._last[0]) if self._last is not None else None
         if same is not None:
             fast = self._fast(same[1], resident)
@@ -369,7 +400,7 @@ class Binder:
             fast = self._fast(got[1], resident)  # (equal dtypes that are distinct objects)
             if fast is not None:
                 return fast
-        bound = bind_values(self.program, inputs, banks)
+        bound = bind_values(self.program, inputs, banks, self.memory_limit)
         if got is not None:
             self._last = (got[0], bound, [None, ()])
         return bound
@@ -458,10 +489,10 @@ class _Symbols:
                  f"symbol {symbol!r} is {known} at {self.where[symbol]} but {extent} at {where}")
 
 
-def load_resident(program, banks: Any, backend) -> ResidentBanks:
+def load_resident(program, banks: Any, backend, memory_limit: int | None = None) -> ResidentBanks:
     """Check ``banks`` as a run would (every SPEC §4 rule) and keep the runtime's own copies
     of them (on the device too, for a device backend): ``Executable.load_banks``."""
-    bound, where = bind_banks(program, banks)
+    bound, where = bind_banks(program, banks, memory_limit)
     owned = {name: owned_copy(v) for name, v in bound.values.items()}
     if backend.device_memory:
         on_backend = {name: backend.to_backend(v) for name, v in owned.items()}

@@ -306,7 +306,7 @@ def summary(program) -> list[str]:
 
 def _run(args) -> int:
     exe, dims = _prepare(args)
-    inputs, banks = _values(exe.program, args, dims)
+    inputs, banks = _values(exe, args, dims)
     with _compile_feedback():
         started = time.perf_counter()
         result = exe.run(inputs=inputs, banks=banks)
@@ -361,7 +361,8 @@ def _plan(args) -> int:
 
 def _bench(args) -> int:
     exe, dims = _prepare(args)
-    inputs, banks = random_values(exe.program, dims, args.seed, args.int_high)
+    _preflight(exe, dims)
+    inputs, banks = random_values(exe.program, dims, args.seed, args.int_high, memory_limit=exe.memory_limit)
     if not args.banks_per_run:
         banks = exe.load_banks(banks)
     with _compile_feedback():
@@ -418,9 +419,10 @@ def _plugins(args) -> int:
 
 
 # --- values ------------------------------------------------------------------------------
-def _values(program, args, dims: dict[str, int]) -> tuple[dict[str, Any], Any]:
+def _values(exe, args, dims: dict[str, int]) -> tuple[dict[str, Any], Any]:
     """The run's inputs and banks from ``--inputs``/``--banks``/``--random``; a program that
     needs values none of them gives is told which flags give them, before anything is read."""
+    program, memory_limit = exe.program, exe.memory_limit
     for flag, bindings in (("inputs", program.input_bindings), ("banks", program.bank_bindings)):
         if bindings and not getattr(args, flag) and not args.random:
             names = ", ".join(repr(b.name) for b in bindings)
@@ -433,7 +435,8 @@ def _values(program, args, dims: dict[str, int]) -> tuple[dict[str, Any], Any]:
         from .api import open_bank_store
 
         banks = open_bank_store(Path(args.banks))
-    inputs: dict[str, Any] | None = read_arrays(args.inputs, "$.inputs") if args.inputs else None
+    inputs: dict[str, Any] | None = read_arrays(args.inputs, "$.inputs", program.limits, memory_limit) \
+        if args.inputs else None
     if args.random:
         dims = dict(dims)
         for b in program.input_bindings:  # extents the given inputs already fix
@@ -442,35 +445,75 @@ def _values(program, args, dims: dict[str, int]) -> tuple[dict[str, Any], Any]:
                 for size, extent in zip(b.value_type.sizes, value.shape):
                     if isinstance(size, str):
                         dims.setdefault(size, extent)
+        _preflight(exe, dims)
         want_inputs = [] if inputs is not None else program.input_bindings
         want_banks = [] if banks is not None else program.bank_bindings
         rand_inputs, rand_banks = random_values(program, dims, args.seed, args.int_high,
-                                                (*want_inputs, *want_banks))
+                                                (*want_inputs, *want_banks), memory_limit)
         inputs = inputs if inputs is not None else rand_inputs
         banks = banks if banks is not None else rand_banks
     return inputs or {}, banks
 
 
-def read_arrays(location: str, path: str) -> dict[str, np.ndarray]:
-    """Arrays by name from an ``.npz`` (no pickles) or ``.safetensors`` file."""
+def _preflight(exe, dims: dict[str, int]) -> None:
+    """The whole plan's §5 limits and the memory ceiling for these extents, when they fix
+    every symbol of the bindings: before any random value is made."""
+    from .memory import check_working
+
+    symbols = {s for b in exe.program.bindings for s in b.value_type.sizes if isinstance(s, str)}
+    if symbols and symbols <= set(dims):
+        plan = exe.plan({s: dims[s] for s in symbols}, enforce=False)  # per-tensor limits enforced
+        check_working(plan.working_bytes, exe.program.limits, exe.memory_limit,
+                      "the run's working set (bindings, arena peak and outputs)")
+
+
+def read_arrays(location: str, path: str, limits=None, memory_limit: int | None = None) -> dict[str, np.ndarray]:
+    """Arrays by name from an ``.npz`` (no pickles) or ``.safetensors`` file; with ``limits``,
+    every array's header is measured against them before any data is read."""
     file = Path(location)
     suffix = file.suffix.lower()
     if suffix not in (".npz", ".safetensors"):
         fail("schema", path, f"{location!r}: expected an .npz or .safetensors file of arrays by name")
     try:
+        if limits is not None:
+            _check_headers(file, suffix, path, limits, memory_limit)
         if suffix == ".npz":
             with np.load(file, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files if k != "__metadata__"}
         from safetensors.numpy import load_file
 
         return load_file(str(file))
+    except FormulaError:
+        raise
     except Exception as exc:  # OSError, zip/pickle ValueError, safetensors' own errors
         fail("schema", path, f"cannot read arrays from {location!r}: {type(exc).__name__}: {exc}")
 
 
+def _check_headers(file: Path, suffix: str, path: str, limits, memory_limit: int | None) -> None:
+    from .banks import SAFETENSORS_DTYPES, npy_header
+    from .memory import check_shape, check_working
+    from .types import ITEMSIZE
+
+    if suffix == ".npz":
+        with np.load(file, allow_pickle=False) as z:
+            heads = {k: npy_header(file, k) for k in z.files if k != "__metadata__"}
+        sizes = {k: (shape, dtype.itemsize) for k, (shape, dtype) in heads.items()}
+    else:
+        from safetensors import safe_open
+
+        with safe_open(str(file), framework="numpy") as f:
+            slices = {k: f.get_slice(k) for k in f.keys()}
+            sizes = {k: (tuple(sl.get_shape()), ITEMSIZE.get(SAFETENSORS_DTYPES.get(sl.get_dtype()), 8))
+                     for k, sl in slices.items()}
+    total = sum(check_shape(f"array {k!r} of {str(file)!r}", (f"dim{i}" for i in range(len(shape))), shape,
+                            itemsize, limits, f"{path}.{k}") for k, (shape, itemsize) in sizes.items())
+    check_working(total, limits, memory_limit, f"the arrays of {str(file)!r}")
+
+
 def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 1,
-                  bindings=None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Random values of the declared types (float32 for 'floating'), bundles included."""
+                  bindings=None, memory_limit: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Random values of the declared types (float32 for 'floating'), bundles included; every
+    size limit (the program's and the runtime ``memory_limit``) is checked before any is made."""
     from .types import numpy_dtype
 
     if int_high < 1:
@@ -480,6 +523,7 @@ def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 
     if needed:
         fail("binding_shape", "$.dims",
              f"no extent for symbols {needed}: pass --dim {needed[0]}=… for each")
+    _check_random_sizes(program, dims, bindings, memory_limit)
     rng = np.random.default_rng(seed)
     inputs: dict[str, np.ndarray] = {}
     banks: dict[str, np.ndarray] = {}
@@ -495,6 +539,25 @@ def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 
             value = rng.standard_normal(shape).astype(numpy_dtype(dtype))
         (inputs if b.kind == "input" else banks)[b.name] = value
     return inputs, banks
+
+
+def _check_random_sizes(program, dims: dict[str, int], bindings, memory_limit: int | None) -> None:
+    """The values ``random_values`` would make, measured against the limits from their
+    shapes alone (a huge ``--dim`` is refused, never allocated)."""
+    from .memory import check_shape, check_working
+    from .types import ITEMSIZE
+
+    lim = program.limits
+    for symbol, extent in dims.items():
+        if isinstance(extent, bool) or not isinstance(extent, int) or extent < 1:
+            fail("binding_shape", f"$.dims.{symbol}", f"extent of {symbol} must be a positive integer, got {extent!r}")
+    total = 0
+    for b in bindings:
+        t = b.value_type
+        shape = [dims[s] if isinstance(s, str) else s for s in t.sizes]
+        total += check_shape(f"random {b.name!r}", t.axes, shape, ITEMSIZE["float32" if t.dtype == "floating" else t.dtype],
+                             lim, f"$.{'inputs' if b.kind == 'input' else 'banks'}.{b.name}")
+    check_working(total, lim, memory_limit, "the random values")
 
 
 if __name__ == "__main__":  # pragma: no cover

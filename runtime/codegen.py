@@ -3,21 +3,35 @@
 Numba caches only functions defined in real files, so generated source is written to a file
 named by its digest under the cache directory and imported from there: a second process
 finds both the file and Numba's compiled cache next to it, and skips compilation.
+
+The cache is trusted (Numba's entries are pickles, run when loaded), so its directory is
+created private (0700) and one that other users could write is refused with a warning, as
+ssh refuses loose key files; an unusable directory falls back to a private per-process one
+(nothing persists). A damaged entry is evicted and recompiled (:func:`heal_numba_cache`).
 """
 from __future__ import annotations
 
+import atexit
+import glob
 import hashlib
 import importlib.util
+import logging
 import os
+import shutil
+import stat
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
-_lock = threading.Lock()
+log = logging.getLogger("runtime.cache")
+_lock = threading.RLock()
 _modules: dict[str, object] = {}
+_usable: dict[Path, Path] = {}  # configured dir -> the dir actually used
+_healing = False
 
 
-def cache_dir() -> Path:
+def configured_cache_dir() -> Path:
     """``FORMULA_CACHE_DIR``, else the user cache dir (e.g. ~/.cache/formula-runtime)."""
     env = os.environ.get("FORMULA_CACHE_DIR")
     if env:
@@ -30,6 +44,92 @@ def cache_dir() -> Path:
         return Path.home() / ".cache" / "formula-runtime"
 
 
+def cache_dir() -> Path:
+    """The cache directory in use: the configured one when it is a private directory of this
+    user (created 0700 if missing), else a private temporary one for this process."""
+    wanted = configured_cache_dir()
+    with _lock:
+        got = _usable.get(wanted)
+        if got is None:
+            problem = cache_dir_problem(wanted)
+            if problem is None:
+                got = wanted
+            else:
+                got = Path(tempfile.mkdtemp(prefix="formula-cache-"))  # mkdtemp makes it 0700
+                atexit.register(shutil.rmtree, got, True)
+                log.warning("formula-runtime cache %s is not used: %s; compiling into %s for this "
+                            "process only", wanted, problem, got)
+            _usable[wanted] = got
+        return got
+
+
+def cache_dir_problem(path: Path) -> str | None:
+    """Why ``path`` cannot serve as the cache (None when it can); creates it 0700 if missing."""
+    if path.exists() and not path.is_dir():
+        return "it is not a directory"
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.stat(path)
+    except OSError as exc:
+        return f"it cannot be created or read ({exc.strerror or exc})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"it is writable by other users (mode {stat.S_IMODE(st.st_mode):o}), and the cache "
+                f"holds pickles that run when loaded; chmod go-w {path} to use it")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"it belongs to another user (uid {st.st_uid}), and the cache holds pickles that run when loaded"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "it is not writable"
+    return None
+
+
+def heal_numba_cache() -> None:
+    """Make Numba's disk cache self-healing (once per process): an entry that fails to load
+    (truncated or corrupt index or data, an inconsistent pickle) is evicted with a warning and
+    the function recompiled; a failure to save one only costs the cache."""
+    global _healing
+    with _lock:
+        if _healing:
+            return
+        from numba.core import caching
+
+        load, save = caching.Cache.load_overload, caching.Cache.save_overload
+
+        def load_overload(self, sig, target_context):
+            try:
+                return load(self, sig, target_context)
+            except Exception as exc:  # numba raises whatever unpickling raised
+                _evict(self, exc)
+                return None
+
+        def save_overload(self, sig, data):
+            try:
+                save(self, sig, data)
+            except Exception as exc:
+                log.warning("could not save a Numba cache entry for %s (%s: %s); it stays compiled "
+                            "in memory", getattr(self, "_name", "?"), type(exc).__name__, exc)
+
+        caching.Cache.load_overload = load_overload
+        caching.Cache.save_overload = save_overload
+        _healing = True
+
+
+def _evict(cache, exc: BaseException) -> None:
+    index = getattr(getattr(cache, "_cache_file", None), "_index_path", None)
+    removed = []
+    if index:
+        base = index[: -len(".nbi")]
+        for path in [index, *glob.glob(glob.escape(base) + ".*.nbc")]:
+            try:
+                os.remove(path)
+                removed.append(os.path.basename(path))
+            except OSError:
+                pass
+    log.warning("evicted an unreadable Numba cache entry %s (%s: %s; removed %s); recompiling",
+                index or "?", type(exc).__name__, exc, ", ".join(removed) or "nothing")
+
+
 def configure_numba_cache() -> None:
     """Point Numba's cache at ours unless the user chose one (must precede @njit(cache=True)).
 
@@ -38,6 +138,10 @@ def configure_numba_cache() -> None:
     if os.environ.get("NUMBA_CACHE_DIR"):
         return
     path = str(cache_dir() / "numba")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError:  # Numba then finds no locator there and caches nothing: still correct
+        pass
     config = sys.modules.get("numba.core.config")
     if config is not None:
         config.CACHE_DIR = path
@@ -54,9 +158,9 @@ def load_generated(source: str, prefix: str = "gen"):
         if mod is not None:
             return mod
         folder = cache_dir() / "generated"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = folder / f"{name}.py"
-        if not path.exists() or path.read_text() != source:
+        if _stale(path, source):
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(source)
             os.replace(tmp, path)
@@ -66,3 +170,11 @@ def load_generated(source: str, prefix: str = "gen"):
         spec.loader.exec_module(mod)
         _modules[name] = mod
         return mod
+
+
+def _stale(path: Path, source: str) -> bool:
+    """Whether the generated file is missing or differs from ``source`` (damaged included)."""
+    try:
+        return path.read_text(encoding="utf-8") != source
+    except (OSError, ValueError):
+        return True

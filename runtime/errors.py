@@ -11,7 +11,8 @@ CODES = frozenset(
     ssa_visibility invalid_step unknown_atom atom_signature atom_attributes type_mismatch
     invalid_output unsupported_route bank_bundle limit_exceeded binding_keys binding_shape
     binding_dtype nonfinite symbol_conflict index_range duplicate_index bank_identity
-    plugin_conflict backend_unavailable plugin_error bank_store out_buffer""".split()
+    plugin_conflict backend_unavailable plugin_error bank_store out_buffer
+    program_unreadable""".split()
 )
 
 

@@ -22,8 +22,10 @@ from .atomspec import Node
 from .backends.base import Backend
 from .arrays import is_device_array
 from .bindings import Binder, load_resident
+from .codegen import heal_numba_cache
 from .driver import Driver, build_driver
 from .errors import did_you_mean, fail
+from .memory import memory_limit as runtime_memory_limit, no_memory_error
 from .model import Program
 from .outputs import check_out
 from .pool import ResultPool
@@ -135,7 +137,10 @@ class CompiledPlan:
 
 
 class Executable:
-    def __init__(self, program: Program, backend: str, registry: Registry):
+    def __init__(self, program: Program, backend: str, registry: Registry, memory_limit: Any = None):
+        """``memory_limit``: the runtime ceiling for every run (:func:`runtime.memory.memory_limit`)."""
+        self.memory_limit = runtime_memory_limit(memory_limit)
+        heal_numba_cache()  # before the first kernel is loaded from the disk cache
         self.program = program
         self.registry = registry
         self.backend = registry.backend(backend)
@@ -145,7 +150,7 @@ class Executable:
         self._plans_lock = threading.Lock()
         self._by_structure: dict[tuple, CompiledPlan] = {}
         self._last_structure: tuple[tuple | None, CompiledPlan | None] = (None, None)
-        self._binder = Binder(program, self._deferred_finite)
+        self._binder = Binder(program, self._deferred_finite, self.memory_limit)
         compilelog.install()  # kernels compile lazily, on first call: say so on runtime.compile
 
     def release_memory(self) -> None:
@@ -157,6 +162,7 @@ class Executable:
             c.release_memory()
 
     # --- planning -----------------------------------------------------------------------
+    @no_memory_error
     def plan(self, dims: Mapping[str, int] | None = None, dtypes: Mapping[str, str] | None = None,
              *, enforce: bool = True) -> Plan:
         """The schedule, lifetimes, arena offsets and memory verdict for these extents. With
@@ -198,7 +204,8 @@ class Executable:
         plan = make_plan(nodes, binding_types, program.outputs, program.limits, dims,
                          backend=self.backend.name, fuse=self.backend.fuses,
                          slot_index={s.slot_id: i for i, s in enumerate(program.slots)},
-                         binding_kinds={b.name: b.kind for b in program.bindings}, enforce=enforce)
+                         binding_kinds={b.name: b.kind for b in program.bindings}, enforce=enforce,
+                         memory_limit=self.memory_limit)
         return plan, types, binding_types
 
     def _build(self, dims: dict[str, int], dtypes: dict[str, str], resident: frozenset[str]) -> CompiledPlan:
@@ -268,14 +275,16 @@ class Executable:
                        counted, group.output_slot, group.output_type, checks, label)
 
     # --- running ------------------------------------------------------------------------
+    @no_memory_error
     def load_banks(self, banks: Any) -> ResidentBanks:
         """Check the bank values once (every SPEC §4 rule) and keep the runtime's own copies
         of them (on the device, for a device backend), to pass as ``run(banks=...)``: runs
         then check only their inputs, and no kernel scans the banks again. ``banks`` is what
         ``run`` takes: a mapping (of arrays or ``BankOperand``) or a bank store. Later changes
         to the caller's arrays do not reach the loaded copies: load them again."""
-        return load_resident(self.program, banks, self.backend)
+        return load_resident(self.program, banks, self.backend, self.memory_limit)
 
+    @no_memory_error
     def run(self, inputs: Mapping[str, Any] | None = None, banks: Any = None, trace: bool = False,
             out: Mapping[str, Any] | None = None) -> Result:
         """Run once. ``out`` maps output slots to arrays to write the results into (host

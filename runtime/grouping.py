@@ -21,6 +21,10 @@ from .atomspec import Node, ScalarOp
 from .fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
 from .types import TensorType
 
+# Longer chains split: compile time grows faster than linearly in a kernel's length, and one
+# more pass over memory per this many fused steps costs little.
+MAX_FUSED_NODES = 32
+
 
 @attrs.frozen
 class Group:
@@ -91,7 +95,7 @@ def _fusable_operand(node, by_output, groups, readers, outputs, backend):
     """(operand index, group index) of the group this elementwise node may join, or None."""
     for k, slot in enumerate(node.input_slots):
         gi = by_output.get(slot)
-        if gi is None or readers[slot] != 1 or slot in outputs:
+        if gi is None or readers[slot] != 1 or slot in outputs or len(groups[gi].nodes) >= MAX_FUSED_NODES:
             continue
         if node.input_types[k].axes != node.output_type.axes or \
                 node.input_types[k].shape != node.output_type.shape:

@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -28,35 +29,172 @@ SEED_DIGESTS = {
 FINGERPRINT_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
-def read_source(src: Any) -> Any:
-    """The parsed JSON of a path, JSON text or bytes; a dict or list is returned as is."""
+#: The default cap on program text (bytes); ``FORMULA_MAX_PROGRAM_BYTES`` overrides it.
+DEFAULT_MAX_PROGRAM_BYTES = 64 * 1024 * 1024
+
+
+def max_program_bytes(override: int | None = None) -> int:
+    """The program text cap: the argument, else ``FORMULA_MAX_PROGRAM_BYTES``, else the default."""
+    if override is not None:
+        if isinstance(override, bool) or not isinstance(override, int) or override < 1:
+            fail("schema", "$.max_bytes", f"max_bytes must be a positive int, got {override!r}")
+        return override
+    raw = os.environ.get("FORMULA_MAX_PROGRAM_BYTES")
+    if raw is None:
+        return DEFAULT_MAX_PROGRAM_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        fail("schema", "$", f"FORMULA_MAX_PROGRAM_BYTES must be a positive integer, got {raw!r}")
+    return value
+
+
+def read_source(src: Any, max_bytes: int | None = None) -> Any:
+    """The parsed JSON of a path, JSON text or bytes; a dict or list is returned as is.
+
+    Text and files are capped at ``max_program_bytes`` before any of it is parsed."""
     if isinstance(src, (dict, list)):
+        check_unicode(src)
         return src
+    cap = max_program_bytes(max_bytes)
     if isinstance(src, (bytes, bytearray, memoryview)):
+        src = bytes(src)
+        _check_size(len(src), cap, "program bytes")
         try:
-            src = bytes(src).decode("utf-8")
+            src = src.decode("utf-8")
         except UnicodeDecodeError as exc:
             fail("schema", "$", f"program bytes are not UTF-8: {exc}")
         return _parse_json(src, "program text")
-    if isinstance(src, os.PathLike) or (isinstance(src, str) and not src.lstrip().startswith(("{", "["))):
+    if isinstance(src, os.PathLike) or (isinstance(src, str) and not src.lstrip().startswith(("{", "["))
+                                        and _exists(src)):
         path = Path(src)
+        data = read_file_capped(path, cap)
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            fail("schema", "$", f"cannot read program file {str(path)!r}: {exc}")
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            fail("schema", "$", f"program file {str(path)!r} is not UTF-8: {exc}")
         return _parse_json(text, f"file {str(path)!r}")
     if isinstance(src, str):
+        _check_size(len(src), cap, "program text")  # characters: a lower bound on its bytes
         return _parse_json(src, "program text")
     fail("schema", "$", f"expected a program as a path, JSON text, bytes or dict, got {type(src).__name__}")
 
 
+def _exists(text: str) -> bool:
+    """Whether a string names something on disk (else it is read as JSON text: ``"null"``)."""
+    try:
+        return os.path.lexists(text)
+    except (OSError, ValueError):
+        return False
+
+
+def _check_size(size: int, cap: int, what: str, code: str = "limit_exceeded") -> None:
+    if size > cap:
+        fail(code, "$", f"{what} of {size} bytes exceeds the program size cap of {cap} bytes "
+                                    "(FORMULA_MAX_PROGRAM_BYTES)")
+
+
+def read_file_capped(path: Path, cap: int) -> bytes:
+    """A regular file's bytes, at most ``cap`` of them; devices, FIFOs, sockets and directories
+    are refused before they are opened for reading (a FIFO would block, a device never ends)."""
+    where = str(path)
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError) as exc:
+        fail("program_unreadable", "$", f"cannot read program file {where!r}: {_reason(exc)}; "
+                                        "expected a readable regular file")
+    if not stat.S_ISREG(st.st_mode):
+        fail("program_unreadable", "$", f"program path {where!r} is {_file_kind(st.st_mode)}; "
+                                        "expected a regular file")
+    if st.st_size > cap:
+        _check_size(st.st_size, cap, f"program file {where!r}", "program_unreadable")
+    try:
+        # O_NONBLOCK: if the path was swapped for a FIFO after the stat, open must not block
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        fail("program_unreadable", "$", f"cannot open program file {where!r}: {_reason(exc)}; "
+                                        "expected a readable regular file")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            fail("program_unreadable", "$", f"program path {where!r} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(cap + 1)
+    except OSError as exc:
+        fail("program_unreadable", "$", f"cannot read program file {where!r}: {_reason(exc)}")
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        _check_size(len(data), cap, f"program file {where!r}", "program_unreadable")
+    return data
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def _file_kind(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def check_unicode(value: Any) -> None:
+    """Every string (keys included) is a sequence of Unicode scalar values: a lone surrogate
+    (JSON ``"\\ud800"``) cannot be encoded, so it would break every later print or hash."""
+    try:  # one pass in C for the common case; the walk below only finds the path
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        return
+    except (UnicodeEncodeError, TypeError, ValueError, RecursionError):
+        pass
+    stack: list[tuple[Any, str]] = [(value, "$")]
+    seen: set[int] = set()  # a dict given by the caller may refer to itself
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, str):
+            _scalar_string(v, path)
+        elif isinstance(v, (dict, list, tuple)) and id(v) not in seen:
+            seen.add(id(v))
+            if isinstance(v, dict):
+                for key, item in v.items():
+                    if isinstance(key, str):
+                        _scalar_string(key, path)
+                    stack.append((item, f"{path}.{key}"))
+            else:
+                stack.extend((item, f"{path}[{i}]") for i, item in enumerate(v))
+
+
+def _scalar_string(s: str, path: str) -> None:
+    if not s.isascii() and not _is_encodable(s):
+        fail("schema", path, f"string {ascii(s)} is not valid Unicode (it holds a lone surrogate)")
+
+
 def _parse_json(text: str, what: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant)
     except FormulaError:
         raise
     except (ValueError, RecursionError) as exc:
         fail("schema", "$", f"{what} is not valid JSON: {exc}")
+    # a lone surrogate comes from a \\udXXX escape or from a str that was never UTF-8
+    if _SURROGATE_ESCAPE.search(text) or not (text.isascii() or _is_encodable(text)):
+        check_unicode(value)
+    return value
+
+
+def _is_encodable(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _reject_constant(name: str):
@@ -216,7 +354,39 @@ def instruction(value: Any, path: str) -> Instruction:
     attributes = rec["attributes"]
     if not isinstance(attributes, dict):
         fail("schema", f"{path}.attributes", f"attributes must be an object, got {_kind(attributes)}")
-    return Instruction(iid, step, atom_ref, tuple(inputs), output, copy.deepcopy(attributes))
+    return Instruction(iid, step, atom_ref, tuple(inputs), output, _copied(attributes, f"{path}.attributes"))
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _copied(value: Any, path: str) -> Any:
+    """A copy of JSON data (the caller's object is never shared); plain dicts and lists are
+    copied directly, three times faster than ``deepcopy``, which handles anything else."""
+    try:
+        return _copy_json(value)
+    except (RecursionError, _NotJSON):
+        pass
+    try:
+        return copy.deepcopy(value)
+    except RecursionError:
+        fail("schema", path, "nested too deeply")
+    except Exception as exc:  # an object of the caller's that cannot be copied
+        fail("schema", path, f"cannot be copied as JSON data: {type(exc).__name__}: {exc}")
+
+
+class _NotJSON(Exception):
+    pass
+
+
+def _copy_json(value: Any) -> Any:
+    if type(value) is dict:
+        return {k: v if type(v) in _SCALARS else _copy_json(v) for k, v in value.items()}
+    if type(value) is list:
+        return [v if type(v) in _SCALARS else _copy_json(v) for v in value]
+    if type(value) in _SCALARS:
+        return value
+    raise _NotJSON
 
 
 def limits(value: Any, path: str) -> Limits:

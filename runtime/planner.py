@@ -17,6 +17,7 @@ from . import arena
 from .atomspec import Node
 from .errors import fail
 from .grouping import Group, make_groups
+from .memory import check_ceiling
 from .model import type_to_dict
 from .types import ITEMSIZE, TensorType
 
@@ -127,13 +128,15 @@ class Plan:
 def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], outputs: Sequence[str],
               limits, dims: Mapping[str, int], backend: str, fuse: bool,
               slot_index: Mapping[str, int] | None = None,
-              binding_kinds: Mapping[str, str] | None = None, enforce: bool = True) -> Plan:
+              binding_kinds: Mapping[str, str] | None = None, enforce: bool = True,
+              memory_limit: int | None = None) -> Plan:
     """Group, size, place and preflight ``nodes`` (resolved types, program order).
 
     ``slot_index`` (slot id -> index in ``$.slots``) gives errors their exact JSON path;
     ``binding_kinds`` (name -> "input" | "bank") labels the pinned buffers. With
     ``enforce=False`` a working set over ``max_working_bytes`` is reported (verdict
-    "exceeds") instead of raised; per-tensor limits are always enforced."""
+    "exceeds") instead of raised; per-tensor limits are always enforced. ``memory_limit``:
+    the runtime's own ceiling (:mod:`runtime.memory`), enforced like ``max_working_bytes``."""
     slot_index = slot_index or {}
     types = dict(binding_types)
     types.update({n.output_slot: n.output_type for n in nodes})
@@ -172,6 +175,10 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
              f"the working set needs {plan.working_bytes} bytes (bindings {plan.binding_bytes} + "
              f"arena peak {plan.arena_bytes} + outputs {plan.output_bytes}; the temporaries would need "
              f"{plan.temporaries_bytes} without reuse) but max_working_bytes allows {limits.max_working_bytes}")
+    if enforce and memory_limit is not None:
+        check_ceiling(plan.working_bytes, memory_limit, limits.max_working_bytes, "$.limits.max_working_bytes",
+                      f"the working set (bindings {plan.binding_bytes} + arena peak {plan.arena_bytes} + "
+                      f"outputs {plan.output_bytes})")
     return plan
 
 

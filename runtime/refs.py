@@ -1,6 +1,7 @@
 """Component references: ``owner/name@sha256:<hex>`` (content-pinned) or ``owner/name@N``."""
 from __future__ import annotations
 
+import functools
 import re
 
 import attrs
@@ -33,14 +34,22 @@ def parse_ref(text: object, path: str) -> Ref:
     """Parse a reference or raise ``invalid_name`` (``schema`` if it is not even a string)."""
     if not isinstance(text, str):
         fail("schema", path, f"expected a reference string, got {type(text).__name__}")
-    m = _REF.match(text)
-    if not m:
+    ref = _parsed(text)
+    if ref is None:
         fail(
             "invalid_name",
             path,
             f"{text!r} is not a component reference "
             "(expected owner/name@sha256:<64 lowercase hex> or owner/name@<N>, N >= 1)",
         )
+    return ref
+
+
+@functools.lru_cache(maxsize=4096)  # programs repeat a few refs many times; Ref is immutable
+def _parsed(text: str) -> Ref | None:
+    m = _REF.match(text)
+    if not m:
+        return None
     version = m.group("version")
     return Ref(m.group("owner"), m.group("name"), m.group("digest"), int(version) if version else None)
 

@@ -144,6 +144,8 @@ def _bundles(p: Program) -> None:
 
 def _instructions(p: Program, registry: Registry) -> None:
     slots = {s.slot_id: s for s in p.slots}
+    slot_index = {s.slot_id: j for j, s in enumerate(p.slots)}  # dicts keep validation linear
+    outputs = frozenset(p.outputs)
     produced_at: dict[str, int] = {b.name: 0 for b in p.bindings}
     previous_step = 0
     for i, ins in enumerate(p.instructions):
@@ -169,8 +171,8 @@ def _instructions(p: Program, registry: Registry) -> None:
         if out_slot is None:
             fail("slot_producer", f"{path}.output_slot",
                  f"{ins.instruction_id!r} writes slot {ins.output_slot!r}, which has no slot record")
-        out_index = next(j for j, s in enumerate(p.slots) if s.slot_id == ins.output_slot)
-        _check_instruction_slot(p, out_slot, out_index, ins.instruction_id)
+        out_index = slot_index[ins.output_slot]
+        _check_instruction_slot(out_slot, out_index, ins.instruction_id, outputs)
         ctx = InferContext(spec, path, ins.attributes, operand_types, ins.input_slots)
         inferred = spec.infer(ctx)
         if not inferred.same_as(out_slot.value_type):
@@ -199,7 +201,7 @@ def check_signature(spec, input_slots, attributes, path: str) -> None:
              f"{spec.name} attributes must be exactly {sorted(spec.attributes)}: {'; '.join(parts)}")
 
 
-def _check_instruction_slot(p: Program, s, j: int, instruction_id: str) -> None:
+def _check_instruction_slot(s, j: int, instruction_id: str, outputs: frozenset[str]) -> None:
     path = f"$.slots[{j}]"
     if s.producer != "instruction":
         fail("slot_producer", f"{path}.producer",
@@ -207,7 +209,7 @@ def _check_instruction_slot(p: Program, s, j: int, instruction_id: str) -> None:
     if s.producer_id != instruction_id:
         fail("slot_producer", f"{path}.producer_id",
              f"slot {s.slot_id!r} is written by {instruction_id!r} but names producer {s.producer_id!r}")
-    role = "output" if s.slot_id in p.outputs else "temporary"
+    role = "output" if s.slot_id in outputs else "temporary"
     if s.role != role:
         fail("slot_producer", f"{path}.role", f"slot {s.slot_id!r} must have role {role!r}, got {s.role!r}")
 

@@ -66,7 +66,7 @@ def test_validate_errors_exit_1_with_code_and_path(tmp_path, capsys):
     assert main(["validate", str(bad)]) == 1
     assert capsys.readouterr().err.startswith("error [unknown_atom] $.instructions[0].atom_ref:")
     assert main(["validate", str(tmp_path / "missing.json")]) == 1
-    assert "error [schema]" in capsys.readouterr().err
+    assert "error [program_unreadable]" in capsys.readouterr().err
 
 
 def test_run_random(capsys):
@@ -426,3 +426,57 @@ def test_compile_notice_counts_live_on_a_terminal():
     assert "\r  1 compiled" in text and "\r  2 compiled" in text and "m.other" in text
     assert text.endswith("compiled 2 kernels in 0.0 s\n")
     assert max(len(part) for part in text.split("\r")[1:]) <= 100  # the live line fits a terminal
+
+
+@pytest.mark.parametrize("dims", [["B=100000000000", "S=1"], ["B=4096", "S=4096"]])
+def test_run_random_checks_limits_before_generating_anything(capsys, dims):
+    import resource
+    import time
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    argv = ["run", SEED, "--random"] + [a for d in dims for a in ("--dim", d)]
+    assert main(argv) == 1
+    assert time.perf_counter() - t0 < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024  # KiB: < 200 MB
+    err = capsys.readouterr().err
+    assert "[limit_exceeded]" in err and "internal error" not in err
+
+
+@pytest.mark.parametrize("kind", ["device", "directory", "surrogate"])
+def test_validate_refuses_hostile_program_files_without_internal_errors(capsys, tmp_path, kind):
+    if kind == "device":
+        target, code = "/dev/zero", "program_unreadable"
+    elif kind == "directory":
+        target, code = str(tmp_path), "program_unreadable"
+    else:
+        prog = json.loads(Path(SEED).read_text())
+        prog["bindings"][2]["partition_id"] = "A\ud800"
+        target, code = str(tmp_path / "p.json"), "schema"
+        Path(target).write_text(json.dumps(prog))
+    assert main(["validate", target]) == 1
+    err = capsys.readouterr().err
+    assert f"[{code}]" in err and "internal error" not in err
+
+
+def test_run_inputs_file_is_measured_by_its_headers_before_it_is_read(tmp_path, capsys):
+    import zipfile
+
+    from numpy.lib import format as npformat
+
+    path = tmp_path / "in.npz"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("x.npy", "w", force_zip64=True) as f:  # declares 4 GiB, holds 1 MiB of zeros
+            npformat.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (1 << 30,)})
+            f.write(bytes(1 << 20))
+    assert main(["run", SEED, "--inputs", str(path), "--random"]) == 1
+    err = capsys.readouterr().err
+    assert "[limit_exceeded] $.inputs.x" in err and "internal error" not in err
+
+
+def test_run_random_checks_the_whole_plan_against_the_memory_ceiling(monkeypatch, capsys):
+    # bindings 768 KiB fit 1 MiB; with the 256 KiB output the working set does not
+    monkeypatch.setenv("FORMULA_MEMORY_LIMIT", "1M")
+    assert main(["run", SEED, "--random", "--dim", "B=1", "--dim", "S=64"]) == 1
+    err = capsys.readouterr().err
+    assert "[limit_exceeded]" in err and "working set" in err and "runtime memory limit" in err

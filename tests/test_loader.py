@@ -2,6 +2,8 @@
 import copy
 import hashlib
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -59,6 +61,49 @@ def test_unreadable_sources_are_schema_errors(src, code):
     assert err.value.path == "$"
 
 
+@pytest.mark.parametrize("kind", ["directory", "fifo", "device", "oversize"])
+def test_paths_that_are_not_small_regular_files_are_refused_without_reading(tmp_path, kind):
+    if kind == "directory":
+        path = tmp_path
+    elif kind == "fifo":
+        path = tmp_path / "p.json"
+        os.mkfifo(path)  # opening it for reading would block forever
+    elif kind == "device":
+        path = Path("/dev/zero")  # reading it never ends
+    else:
+        path = tmp_path / "big.json"
+        path.write_text(" " * 2048 + "{}")
+    t0 = time.perf_counter()
+    with pytest.raises(runtime.FormulaError) as err:
+        runtime.load_program(path, max_bytes=1024)
+    assert time.perf_counter() - t0 < 2
+    assert err.value.code == "program_unreadable" and err.value.path == "$"
+    assert str(path) in err.value.message
+
+
+def test_program_size_cap_comes_from_the_environment(monkeypatch, seed_dict):
+    text = json.dumps(seed_dict)
+    monkeypatch.setenv("FORMULA_MAX_PROGRAM_BYTES", str(len(text) - 1))
+    with pytest.raises(runtime.FormulaError) as err:
+        runtime.load_program(text)
+    assert err.value.code == "limit_exceeded" and "FORMULA_MAX_PROGRAM_BYTES" in err.value.message
+    monkeypatch.setenv("FORMULA_MAX_PROGRAM_BYTES", str(len(text)))
+    runtime.load_program(text)
+
+
+@pytest.mark.parametrize("form", ["text", "bytes", "dict"])
+def test_lone_surrogates_are_rejected_at_load_with_their_path(seed_dict, form):
+    bad = copy.deepcopy(seed_dict)
+    bank = next(i for i, b in enumerate(bad["bindings"]) if b["kind"] == "bank")
+    bad["bindings"][bank]["partition_id"] = "A\ud800"
+    src = {"text": json.dumps(bad), "bytes": json.dumps(bad).encode(), "dict": bad}[form]
+    with pytest.raises(runtime.FormulaError) as err:
+        runtime.load_program(src)
+    assert err.value.code == "schema"
+    assert err.value.path == f"$.bindings[{bank}].partition_id"
+    str(err.value).encode("utf-8")  # the message itself is printable
+
+
 def test_versioned_and_digest_references_are_aliases(seed_dict):
     versioned = copy.deepcopy(seed_dict)
     for ins in versioned["instructions"]:
@@ -93,3 +138,22 @@ def test_program_builder_names_a_missing_attribute_instead_of_a_key_error():
     with pytest.raises(runtime.FormulaError) as err:
         b.op("scale", [x], {"factor_axes": [], "accumulation_dtype": "float32"})
     assert err.value.path == "$.instructions[0].input_slots"
+
+
+def test_attributes_nested_too_deeply_or_not_copyable_are_schema_errors(seed_dict):
+    deep = inner = {}
+    for _ in range(50_000):
+        inner["a"] = {}
+        inner = inner["a"]
+
+    class Uncopyable:
+        def __deepcopy__(self, memo):
+            raise TypeError("no copies")
+
+    for value, words in ((deep, "nested too deeply"), (Uncopyable(), "cannot be copied")):
+        bad = copy.deepcopy(seed_dict)
+        bad["instructions"][0]["attributes"]["extra"] = value
+        with pytest.raises(runtime.FormulaError) as err:
+            runtime.load_program(bad)
+        assert err.value.code == "schema" and err.value.path == "$.instructions[0].attributes"
+        assert words in err.value.message
