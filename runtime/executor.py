@@ -23,6 +23,7 @@ from .arrays import is_device_array
 from .bindings import Binder, load_resident
 from .driver import Driver, build_driver
 from .errors import fail
+from .halves import widen_halves
 from .model import Program
 from .outputs import check_out
 from .pool import ResultPool
@@ -193,6 +194,9 @@ class Executable:
                 t = t.evolve(dtype="float32")  # planning without values: assume float32
             binding_types[b.name] = t
         nodes, dims, types = resolve_nodes(program, self.specs, binding_types, dims)
+        if not self.backend.half_kernels:
+            nodes = widen_halves(nodes, program.outputs, self.backend.name)
+            types = {**types, **{n.output_slot: n.output_type for n in nodes}}
         plan = make_plan(nodes, binding_types, program.outputs, program.limits, dims,
                          backend=self.backend.name, fuse=self.backend.fuses,
                          slot_index={s.slot_id: i for i, s in enumerate(program.slots)},

@@ -164,6 +164,8 @@ def assert_backends_agree(program, inputs=None, banks=None, backends: Sequence[s
             have = np.asarray(got[slot])
             assert have.shape == want.shape and have.dtype == want.dtype, (backend, slot)
             r, a = TOLERANCES.get(want.dtype.name, (0, 0))
+            if want.dtype.name == "bfloat16":  # compared as the float32 values they hold
+                have, want = have.astype(np.float32), want.astype(np.float32)
             if want.dtype.kind == "f" and want.size:  # absolute error scales with the values
                 a *= max(1.0, float(np.abs(want).max()))
             np.testing.assert_allclose(have, want, rtol=rtol if rtol is not None else r,
