@@ -4,8 +4,9 @@ Numba has no float16 or bfloat16 type, so the planner rewrites half-typed work b
 groups nodes: a half operand is *widened* once into a float32 temporary (an arena slot, so it
 counts in the working bytes and the §5 preflight), the node runs its float32 kernel, and its
 output is *narrowed* (rounded once, to nearest even) into the half slot. A reader that computes
-in float32 takes the float32 value itself, so a chain of half ops stays in float32 and is
-rounded once at its end; a narrowing nobody reads is dropped. Atoms that list the backend in
+in float32 and gives a half result takes the float32 value itself, so a chain of half ops
+stays in float32 and is rounded once at its end; a reader with another output dtype (a
+compare, a cast to float64) sees the rounded half value. A narrowing nobody reads is dropped. Atoms that list the backend in
 ``AtomSpec.half_native`` (data movement by item size) take half operands as they are.
 
 The conversions work on integer views (uint16 <-> float32 bits as uint32): no half type is
@@ -204,16 +205,20 @@ def widen_halves(nodes: Sequence[Node], outputs: Sequence[str], backend: str) ->
     module docstring); renumbered in run order, paths kept. Unchanged when nothing is half."""
     if not any(_needs_widening(n, backend) for n in nodes):
         return list(nodes)
-    wide: dict[str, tuple[str, TensorType]] = {}  # half slot -> its float32 slot and type
+    exact: dict[str, tuple[str, TensorType]] = {}  # half slot -> its widened copy
+    unrounded: dict[str, tuple[str, TensorType]] = {}  # half slot -> its producer's float32 value
     out: list[Node] = []
 
     def float32_of(slot: str, t: TensorType, node: Node) -> tuple[str, TensorType]:
-        if slot not in wide:
+        if node.output_type.dtype in HALF_DTYPES and slot in unrounded:
+            return unrounded[slot]  # half in, half out: the chain is rounded once, at its end
+        if slot not in exact:  # otherwise the half value itself (a compare or cast sees it)
             wt = t.evolve(dtype="float32")
-            out.append(Node(0, f"{node.instruction_id}~widen-{slot}", WIDEN, {}, (slot,), slot + WIDE,
+            name = f"{slot}{WIDE}" if slot not in unrounded else f"{slot}~rounded{WIDE}"
+            out.append(Node(0, f"{node.instruction_id}~widen-{slot}", WIDEN, {}, (slot,), name,
                             (t,), wt, node.path))
-            wide[slot] = (slot + WIDE, wt)
-        return wide[slot]
+            exact[slot] = (name, wt)
+        return exact[slot]
 
     for node in nodes:
         if not _needs_widening(node, backend):
@@ -235,7 +240,7 @@ def widen_halves(nodes: Sequence[Node], outputs: Sequence[str], backend: str) ->
                                 output_slot=wslot, output_type=wt))
         out.append(Node(0, f"{node.instruction_id}~narrow", NARROW, {}, (wslot,), node.output_slot,
                         (wt,), result, node.path))
-        wide[node.output_slot] = (wslot, wt)
+        unrounded[node.output_slot] = (wslot, wt)
     read = {s for n in out for s in n.input_slots} | set(outputs)
     kept = [n for n in out if n.atom is not NARROW or n.output_slot in read]
     return [attrs.evolve(n, index=i) for i, n in enumerate(kept)]
