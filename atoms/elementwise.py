@@ -1,4 +1,5 @@
-"""Elementwise atoms: scalar-map, scale, add, select (SPEC §3).
+"""Elementwise atoms: scalar-map, scale, add, select (SPEC §3); scalar-map@2, cast@1,
+compare@1, boolean-binary@1 and boolean-not@1 (SPEC §3b).
 
 Each declares a :class:`ScalarOp` so the planner can fuse it into chains and anchor
 epilogues; on cpu/cuda the single-node kernel is the generic fused-elementwise kernel with a
@@ -35,6 +36,26 @@ SCALAR_EXPRS = {
     "silu": "(({0} if {0} >= 0.0 else {0} * math.exp(-abs({0}))) / (1.0 + math.exp(-abs({0}))))",
     "tanh": "math.tanh({0})",
 }
+
+# scalar-map@2 adds nine modes. The guards give IEEE results where plain Python's math
+# raises instead (overflow, log of 0 or x < 0, sin/cos of inf), so every backend agrees.
+MODES_V2 = MODES + ("abs", "exp", "expm1", "log", "log1p", "softplus", "reciprocal", "sin", "cos")
+SCALAR_EXPRS_V2 = {
+    **SCALAR_EXPRS,
+    "abs": "abs({0})",
+    "exp": "(math.inf if {0} > 709.0 else math.exp({0}))",
+    "expm1": "(math.inf if {0} > 709.0 else math.expm1({0}))",
+    "log": "(math.log({0}) if {0} > 0.0 else (-math.inf if {0} == 0.0 else math.nan))",
+    "log1p": "(math.log1p({0}) if {0} > -1.0 else (-math.inf if {0} == -1.0 else math.nan))",
+    "softplus": "({0} if {0} > 20.0 else math.log1p(math.exp({0})))",  # threshold: x > 20 strictly
+    "reciprocal": "((1.0 / {0}) if {0} != 0.0 else math.copysign(math.inf, {0}))",
+    "sin": "(math.sin({0}) if math.isfinite({0}) else math.nan)",
+    "cos": "(math.cos({0}) if math.isfinite({0}) else math.nan)",
+}
+CAST_DTYPES = ("float16", "bfloat16", "float32", "float64")
+COMPARE_EXPRS = {"eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+                 "gt": "({0} > {1})", "ge": "({0} >= {1})"}
+BOOLEAN_EXPRS = {"and": "({0} & {1})", "or": "({0} | {1})", "xor": "({0} ^ {1})"}
 
 
 # --- shared checks -----------------------------------------------------------------------
@@ -77,6 +98,44 @@ def require_mask(ctx: InferContext, mask: int, value: int) -> None:
 def infer_scalar_map(ctx: InferContext) -> TensorType:
     ctx.attr_str("mode", MODES)
     ctx.require_dtype(0, "floating")
+    t = ctx.operands[0]
+    return ctx.output(t.axes, t.sizes)
+
+
+def infer_scalar_map_v2(ctx: InferContext) -> TensorType:
+    ctx.attr_str("mode", MODES_V2)
+    ctx.accumulation()
+    ctx.require_dtype(0, "floating")
+    t = ctx.operands[0]
+    return ctx.output(t.axes, t.sizes)
+
+
+def infer_cast(ctx: InferContext) -> TensorType:
+    dtype = ctx.attr_str("dtype", CAST_DTYPES)
+    ctx.require_dtype(0, "floating")
+    t = ctx.operands[0]
+    return ctx.output(t.axes, t.sizes, dtype=dtype)
+
+
+def infer_compare(ctx: InferContext) -> TensorType:
+    mode = ctx.attr_str("mode", tuple(COMPARE_EXPRS))
+    require_identical(ctx, 0, 1)
+    t = ctx.operands[0]
+    if t.dtype == "boolean" and mode not in ("eq", "ne"):
+        ctx.mismatch(f"boolean operands allow only 'eq' and 'ne', not {mode!r}", 0)
+    return ctx.output(t.axes, t.sizes, dtype="boolean")
+
+
+def infer_boolean_binary(ctx: InferContext) -> TensorType:
+    ctx.attr_str("mode", tuple(BOOLEAN_EXPRS))
+    ctx.require_dtype(0, "boolean")
+    require_identical(ctx, 0, 1)
+    t = ctx.operands[0]
+    return ctx.output(t.axes, t.sizes)
+
+
+def infer_boolean_not(ctx: InferContext) -> TensorType:
+    ctx.require_dtype(0, "boolean")
     t = ctx.operands[0]
     return ctx.output(t.axes, t.sizes)
 
@@ -137,11 +196,21 @@ def scalar_map_numpy(mode: str, x: np.ndarray) -> np.ndarray:
             return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
         if mode == "silu":
             return np.where(x >= 0, x / (1.0 + e), x * e / (1.0 + e))
+        if mode in ("abs", "exp", "expm1", "log", "log1p", "sin", "cos"):
+            return getattr(np, mode)(x)
+        if mode == "softplus":
+            return np.where(x > 20, x, np.log1p(np.exp(x)))
+        if mode == "reciprocal":
+            return 1.0 / x
     raise ValueError(mode)
 
 
 def _acc(node: Node) -> np.dtype:
+    """The compute dtype: c(acc, d), except that half operands always compute in float32 and
+    round once (SPEC §3b.1: exact for 'float32', within tolerance of arti for 'activation')."""
     t = node.input_types[0] if node.atom.name != "select" else node.input_types[1]
+    if t.dtype in ("float16", "bfloat16"):
+        return np.dtype(np.float32)
     mode = node.attributes.get("accumulation_dtype", "activation")
     return numpy_dtype(accumulation_dtype(t.dtype, mode))
 
@@ -153,6 +222,42 @@ def _ref_scalar_map(node: Node):
         with np.errstate(all="ignore"):
             out[...] = scalar_map_numpy(mode, np.asarray(inputs[0]).astype(acc))
     return run
+
+
+def _ref_cast(node: Node):
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        with np.errstate(all="ignore"):  # beyond the target's range: ±inf
+            out[...] = np.asarray(inputs[0]).astype(out.dtype)  # one IEEE rounding, even for f64 -> half
+    return run
+
+
+def _ref_compare(node: Node):
+    ufunc = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+             "gt": np.greater, "ge": np.greater_equal}[node.attributes["mode"]]
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        out[...] = ufunc(np.asarray(inputs[0]), np.asarray(inputs[1]))
+    return run
+
+
+def _ref_boolean_binary(node: Node):
+    ufunc = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}[node.attributes["mode"]]
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        out[...] = ufunc(np.asarray(inputs[0]), np.asarray(inputs[1]))
+    return run
+
+
+def _ref_boolean_not(node: Node):
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        out[...] = np.logical_not(np.asarray(inputs[0]))
+    return run
+
+
+def cast_expr(node: Node) -> str:
+    """Round to the output dtype inside the chain: on cpu/cuda a half output is float32 here
+    (the planner narrows it afterwards), and a chain keeps values in registers."""
+    return "np.float64({0})" if node.output_type.dtype == "float64" else "np.float32({0})"
 
 
 def _ref_scale(node: Node):
@@ -251,4 +356,25 @@ SPECS = [
              attributes=frozenset(), infer=infer_select, kernels=_kernels(_ref_select),
              elementwise=_op(lambda node: "({1} if {0} else {2})"), inplace=1,
              summary="where(mask, when_true, when_false), mask broadcast by axis name"),
+    AtomSpec(name="scalar-map", refs=refs_for("scalar-map", 2), inputs=("value",),
+             attributes=frozenset({"mode", "accumulation_dtype"}), infer=infer_scalar_map_v2,
+             kernels=_kernels(_ref_scalar_map),
+             elementwise=_op(lambda node: SCALAR_EXPRS_V2[node.attributes["mode"]]), inplace=0,
+             summary="elementwise: the six @1 modes, abs, exp, expm1, log, log1p, softplus, "
+                     "reciprocal, sin, cos; computed in c(acc, d), rounded once"),
+    AtomSpec(name="cast", refs=refs_for("cast"), inputs=("value",), attributes=frozenset({"dtype"}),
+             infer=infer_cast, kernels=_kernels(_ref_cast), elementwise=_op(cast_expr),
+             summary="float dtype conversion: round to nearest even, beyond the range ±inf"),
+    AtomSpec(name="compare", refs=refs_for("compare"), inputs=("left", "right"),
+             attributes=frozenset({"mode"}), infer=infer_compare, kernels=_kernels(_ref_compare),
+             elementwise=_op(lambda node: COMPARE_EXPRS[node.attributes["mode"]]),
+             summary="elementwise eq, ne, lt, le, gt, ge of identical types -> boolean"),
+    AtomSpec(name="boolean-binary", refs=refs_for("boolean-binary"), inputs=("left", "right"),
+             attributes=frozenset({"mode"}), infer=infer_boolean_binary,
+             kernels=_kernels(_ref_boolean_binary),
+             elementwise=_op(lambda node: BOOLEAN_EXPRS[node.attributes["mode"]]), inplace=0,
+             summary="elementwise and, or, xor of identical boolean types"),
+    AtomSpec(name="boolean-not", refs=refs_for("boolean-not"), inputs=("value",),
+             attributes=frozenset(), infer=infer_boolean_not, kernels=_kernels(_ref_boolean_not),
+             elementwise=_op(lambda node: "(not {0})"), inplace=0, summary="elementwise not"),
 ]

@@ -31,7 +31,9 @@ class ScalarOp:
 
     ``expr`` is a Python expression over ``{0}``, ``{1}``… (the node's operands, one element
     each, already broadcast to the output) valid in plain Python, ``numba.njit`` and
-    ``numba.cuda.jit`` device code; ``math`` is in scope. Placeholders are always plain names.
+    ``numba.cuda.jit`` device code; ``math`` and ``np`` (NumPy, for scalar casts such as
+    ``np.float32(x)``) are in scope. Placeholders are always plain names. The result may be
+    of another dtype than the operands (a comparison gives a boolean).
     """
 
     expr: str

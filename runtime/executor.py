@@ -26,6 +26,7 @@ from .codegen import heal_numba_cache
 from .driver import Driver, build_driver
 from .errors import did_you_mean, fail
 from .memory import memory_limit as runtime_memory_limit, no_memory_error
+from .halves import widen_halves
 from .model import Program
 from .outputs import check_out
 from .pool import ResultPool
@@ -201,6 +202,9 @@ class Executable:
                 t = t.evolve(dtype="float32")  # planning without values: assume float32
             binding_types[b.name] = t
         nodes, dims, types = resolve_nodes(program, self.specs, binding_types, dims)
+        if not self.backend.half_kernels:
+            nodes = widen_halves(nodes, program.outputs, self.backend.name)
+            types = {**types, **{n.output_slot: n.output_type for n in nodes}}
         plan = make_plan(nodes, binding_types, program.outputs, program.limits, dims,
                          backend=self.backend.name, fuse=self.backend.fuses,
                          slot_index={s.slot_id: i for i, s in enumerate(program.slots)},

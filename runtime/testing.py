@@ -73,8 +73,11 @@ def assert_backends_agree(program, inputs=None, banks=None, backends: Sequence[s
             have = np.asarray(got[slot])
             assert have.shape == want.shape and have.dtype == want.dtype, (backend, slot)
             r, a = TOLERANCES.get(want.dtype.name, (0, 0))
-            if want.dtype.kind == "f" and want.size:  # absolute error scales with the values
-                a *= max(1.0, float(np.abs(want).max()))
+            if want.dtype.name == "bfloat16":  # compared as the float32 values they hold
+                have, want = have.astype(np.float32), want.astype(np.float32)
+            finite = np.abs(want[np.isfinite(want)]) if want.dtype.kind == "f" else np.zeros(0)
+            if finite.size:  # absolute error scales with the (finite) values
+                a *= max(1.0, float(finite.max()))
             np.testing.assert_allclose(have, want, rtol=rtol if rtol is not None else r,
                                         atol=atol if atol is not None else a,
                                         err_msg=f"backend {backend!r} slot {slot!r}")

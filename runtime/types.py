@@ -28,8 +28,13 @@ def numpy_dtype(dtype: str) -> np.dtype:
     if dtype == "boolean":
         return np.dtype(np.bool_)
     if dtype == "bfloat16":
-        import ml_dtypes  # optional: only programs that use bfloat16 need it
+        try:
+            import ml_dtypes  # optional: only programs that use bfloat16 need it
+        except ImportError:
+            from .errors import fail
 
+            fail("backend_unavailable", "$", "bfloat16 values need the ml_dtypes package "
+                 "(pip install 'formula-runtime[bfloat16]')")
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(dtype)
 

@@ -17,6 +17,9 @@ class Backend:
     # count of non-finite values read among those extras (SPEC §4 finiteness of bindings,
     # fused into the pass that reads them anyway), and the run skips its own pass over them
     chain_counts_nonfinite: bool = False
+    # whether every kernel computes float16/bfloat16 itself; otherwise the planner runs half
+    # work in float32 between planner-made conversions (runtime.halves, SPEC §3b.1)
+    half_kernels: bool = False
 
     def unavailable_reason(self) -> str | None:
         """None when the backend can run here, else why not (no GPU, missing extra...)."""

@@ -13,7 +13,7 @@ from runtime.errors import FormulaError
 from runtime.testing import real_cuda, run_kernel
 from runtime.types import TensorType
 
-SPEC = {s.name: s for s in SPECS}
+SPEC = {s.name: s for s in SPECS if s.ref.endswith("@1")}  # the @2 scalar-map: test_elementwise_v2
 ACT = {"accumulation_dtype": "activation"}
 
 
