@@ -53,14 +53,16 @@ def along(t: TensorType, axis: str, strides: Sequence[int]) -> int:
     return strides_by_name([axis], t, strides)[0]
 
 
-@njit(inline="always", nogil=True)
+@njit(nogil=True, cache=True)
 def row_offsets(r, shape, strides, base):
-    """Every operand's offset of row ``r`` (``base``: their offsets of row 0)."""
+    """Every operand's offset of row ``r`` (``base``: their offsets of row 0). Not inlined:
+    inlined into a prange body, the division loop reads as an overwrite of the loop index."""
     off = base.copy()
+    rem = r
     for d in range(shape.shape[0] - 1, -1, -1):
-        q = r // shape[d]
-        i = r - q * shape[d]
-        r = q
+        q = rem // shape[d]
+        i = rem - q * shape[d]
+        rem = q
         for k in range(strides.shape[0]):
             off[k] += i * strides[k, d]
     return off
