@@ -330,15 +330,14 @@ def _cuda_segment(node: Node):
 
 
 def scratch_bytes(node: Node, backend: str) -> int:
-    """Bytes of per-group scratch (sum, maximum, count: 8 bytes each at most) a kernel holds."""
+    """Bytes of per-group scratch (sum, maximum, count: 8 bytes each at most): one set per
+    thread on cpu, one per row elsewhere (cuda threads; the reference's vectorised groups)."""
     count = node.attributes["num_segments"]
     if backend == "cpu":
-        parallel, ntask, _ = cpu_tasks(node)
+        parallel, _, _ = cpu_tasks(node)
         return (_rows.threads() if parallel else 1) * count * 24
-    if backend == "cuda":
-        tv = node.input_types[0]
-        return max(1, tv.elements // tv.size_of(node.attributes["axis"])) * count * 24
-    return 0
+    tv = node.input_types[0]
+    return max(1, tv.elements // tv.size_of(node.attributes["axis"])) * count * 24
 
 
 SPECS = [
