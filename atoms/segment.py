@@ -243,25 +243,18 @@ import math
 
 from numba import cuda
 
+from atoms._rows_cuda import row_offset
+
 
 @cuda.jit(cache=True)
 def kernel(x, ids, mask, out, shape, st, vs, js, ms, os, n, count, mode, acc, cnt, mx, rows):
     t = cuda.grid(1)
     step = cuda.gridsize(1)
     while t < rows:
-        r = t
-        v0 = 0
-        i0 = 0
-        m0 = 0
-        o0 = 0
-        for a in range(shape.shape[0] - 1, -1, -1):
-            q = r // shape[a]
-            c = r - q * shape[a]
-            r = q
-            v0 += c * st[0, a]
-            i0 += c * st[1, a]
-            m0 += c * st[2, a]
-            o0 += c * st[3, a]
+        v0 = row_offset(t, shape, st, 0)
+        i0 = row_offset(t, shape, st, 1)
+        m0 = row_offset(t, shape, st, 2)
+        o0 = row_offset(t, shape, st, 3)
         s0 = t * count
         for g in range(count):
             acc[s0 + g] = 0
