@@ -541,7 +541,7 @@ def _ref_lookup(node: Node):
 CHECKS = {"gather": _check_gather, "scatter": _check_scatter, "lookup": _check_lookup, "fold": _check_gather,
           "unfold": _check_scatter}
 
-GATHER_HALF_NATIVE = frozenset({"cpu", "cuda"})  # copies by item size: half values move as bits
+GATHER_HALF_NATIVE = frozenset({"cpu", "cuda"})  # copies by item size: half values move as bits (also unfold)
 
 SPECS = [
     AtomSpec(name="gather", refs=refs_for("gather", 2), inputs=("value", "indices"),
@@ -563,7 +563,7 @@ SPECS = [
     AtomSpec(name="unfold", refs=("arti/unfold@2",), inputs=("base", "indices", "updates"),
              attributes=frozenset({"axis", "index_axis", "mode", "record_schema_ref"}), infer=infer_unfold,
              kernels={"reference": _ref_scatter, "cpu": _cpu, "cuda": _cuda},
-             check_values=_check_scatter, checked_inputs=(1,),
+             check_values=_check_scatter, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
              summary="legacy arti unfold: scatter of SPEC §3 (unique indices)"),
     AtomSpec(name="gather", refs=refs_for("gather"), inputs=("value", "indices"),
              attributes=frozenset({"axis", "index_axis"}), infer=infer_gather,

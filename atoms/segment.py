@@ -27,7 +27,7 @@ from ._refs import refs_for
 from .elementwise import require_mask
 from .indexing import compute_dtype, float_kernel_dtype
 from .layout import _i64, c_strides, device_bits, flat_view
-from .window import _new_axis
+from .window import _new_axis, bounded_int
 
 MODES = ("sum", "mean", "amax", "softmax")
 TASKS_PER_THREAD = 4
@@ -39,7 +39,7 @@ def infer_segment(ctx: InferContext) -> TensorType:
     tv, ti = ctx.operands[0], ctx.operands[1]
     axis = ctx.axis_of("axis", 0)
     seg = _new_axis(ctx, "segment_axis")
-    count = ctx.attr_int("num_segments", minimum=1)
+    count = bounded_int(ctx, "num_segments", 1)
     mode = ctx.attr_str("mode", MODES)
     ctx.accumulation()
     ctx.require_dtype(0, "floating")
@@ -106,10 +106,12 @@ def _ref_segment(node: Node):
             m = np.full(x.shape[0] * count, -np.inf, c)
             np.maximum.at(m, group[act], x[act])
         if mode == "softmax":
-            e = np.where(act, np.exp(x - np.where(act, m[group], 0)), 0).astype(c)
+            e = np.exp(x[act] - m[group[act]])  # inactive entries are never exponentiated
             s = np.zeros(x.shape[0] * count, c)
-            np.add.at(s, group[act], e[act])
-            y = np.where(act, e / np.where(act, s[group], 1), 0).reshape(lead + (n,))
+            np.add.at(s, group[act], e)
+            y = np.zeros(x.shape, c)
+            y[act] = e / s[group[act]]
+            y = y.reshape(lead + (n,))
         else:
             if mode == "amax":
                 g = np.where(members > 0, m, 0)

@@ -40,14 +40,26 @@ def _new_axis(ctx: InferContext, key: str) -> str:
     return name
 
 
+# Integer attributes that kernels receive as int64 must stay far from its range (any larger
+# value would only describe tensors no limit admits).
+MAX_INT_ATTRIBUTE = 1 << 48
+
+
+def bounded_int(ctx: InferContext, key: str, minimum: int) -> int:
+    v = ctx.attr_int(key, minimum=minimum)
+    if v > MAX_INT_ATTRIBUTE:
+        ctx.bad_attr(key, f"{v} exceeds the supported maximum {MAX_INT_ATTRIBUTE}")
+    return v
+
+
 def window_params(ctx: InferContext) -> tuple[int, int, int, tuple[int, int]]:
-    k = ctx.attr_int("kernel_size", minimum=1)
-    s = ctx.attr_int("stride", minimum=1)
-    d = ctx.attr_int("dilation", minimum=1)
+    k = bounded_int(ctx, "kernel_size", 1)
+    s = bounded_int(ctx, "stride", 1)
+    d = bounded_int(ctx, "dilation", 1)
     pad = ctx.attributes["padding"]
     if (not isinstance(pad, list) or len(pad) != 2
-            or any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in pad)):
-        ctx.bad_attr("padding", f"expected [L, R], two integers >= 0, got {pad!r}")
+            or any(isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= MAX_INT_ATTRIBUTE for p in pad)):
+        ctx.bad_attr("padding", f"expected [L, R], two integers in [0, {MAX_INT_ATTRIBUTE}], got {pad!r}")
     return k, s, d, (pad[0], pad[1])
 
 

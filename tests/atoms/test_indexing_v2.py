@@ -252,6 +252,7 @@ def test_segment_types_and_errors():
     expect("atom_attributes", at("segment_axis"), infer, SEGMENT, {**SEG, "segment_axis": "1x"}, v, s, m)
     expect("atom_attributes", at("num_segments"), infer, SEGMENT, {**SEG, "num_segments": 0}, v, s, m)
     expect("atom_attributes", at("num_segments"), infer, SEGMENT, {**SEG, "num_segments": True}, v, s, m)
+    expect("atom_attributes", at("num_segments"), infer, SEGMENT, {**SEG, "num_segments": 1 << 70}, v, s, m)
     expect("atom_attributes", at("mode"), infer, SEGMENT, {**SEG, "mode": "max"}, v, s, m)
     expect("atom_attributes", at("accumulation_dtype"), infer, SEGMENT, {**SEG, "accumulation_dtype": 1}, v, s, m)
     slot = lambda k: f"{INS}.input_slots[{k}]"  # noqa: E731
@@ -296,7 +297,8 @@ def test_window_types_and_errors():
     at = lambda k: f"{INS}.attributes.{k}"  # noqa: E731
     for key, bad in (("output_axis", "B"), ("window_axis", "N"), ("window_axis", "P"), ("output_axis", 3),
                      ("kernel_size", 0), ("stride", 1.0), ("dilation", True), ("padding", [1]),
-                     ("padding", [0, -1]), ("padding", [True, 0]), ("output_size", 2.5), ("output_size", True),
+                     ("padding", [0, -1]), ("padding", [True, 0]), ("padding", [1 << 70, 0]),
+                     ("stride", 1 << 70), ("output_size", 2.5), ("output_size", True),
                      ("output_size", "9a"), ("output_size", 0), ("axis", "Q")):
         expect("atom_attributes", at(key), infer, WINDOW, {**WIN, key: bad}, v)
     expect("atom_attributes", at("kernel_size"), infer, WINDOW, {**WIN, "kernel_size": 6}, v, needle="no window")
