@@ -197,7 +197,8 @@ def execute(prog, inputs, backend):
     """``runtime.execute``; a half program that the cpu/cuda planner cannot yet widen to float32
     (the half-precision planner rule, part A) is an expected failure until that rule lands."""
     try:
-        return runtime.execute(prog, inputs=inputs, banks={}, backend=backend)["%0"]
+        (out,) = runtime.execute(prog, inputs=inputs, banks={}, backend=backend).values()
+        return out
     except FormulaError as err:
         if err.code == "backend_unavailable" and "float16" in err.message and backend != "reference":
             pytest.xfail("half-precision planner rule (part A)")
@@ -433,3 +434,20 @@ def test_programs_agree_with_reference(backend):
     for case_id, make, inputs, _ in VALID:
         if case_id.split("-")[0] in ("gather@2", "scatter@2", "segment", "window"):
             assert_backends_agree(make(), inputs, {}, backends=(backend,))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_half_data_movement_in_programs(backend):
+    """gather@2 then window on float16: half-native kernels move the bits unchanged."""
+    from tests.spec.builders import ProgramBuilder
+
+    b = ProgramBuilder()
+    b.input("v", ["N"], [4], "float16")
+    b.input("i", ["J"], [3], "int64")
+    g = b.op("gather@2", ["v", "i"], G, ["J"], [3], "float16")
+    b.op("window", [g], {**WIN, "axis": "J", "padding": [1, 0]}, ["P", "K"], [3, 2], "float16")
+    v = np.array([0.1, 65504, -2.5e-5, 3], np.float16)
+    got = execute(b.build(), {"v": v, "i": np.array([1, 2, 1])}, backend)
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got.view(np.uint16), np.array([[0, v[1]], [v[1], v[2]], [v[2], v[1]]],
+                                                                np.float16).view(np.uint16))
