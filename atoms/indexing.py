@@ -1,4 +1,10 @@
-"""Indexing atoms (SPEC §3): gather, scatter, lookup.
+"""Indexing atoms: gather, scatter, lookup (SPEC §3); gather@2, scatter@2 and the legacy
+arti/fold@2, arti/unfold@2 (§3b).
+
+gather@2, fold and unfold reuse the bit-moving kernels below (gather@2 for any payload dtype).
+scatter@2 adds instead of replacing, so repeated indices accumulate: its kernels walk rows of
+the updates along ``index_axis`` (one row per coordinate of the other axes), each row owning
+distinct base elements, so rows run in parallel and additions within a row run in order.
 
 Index values are checked on the host before any kernel runs (``check_values``: vectorised
 NumPy, ``index_range`` and ``duplicate_index``), and the kernels guard every index anyway,
@@ -378,15 +384,16 @@ def float_kernel_dtype(node: Node, backend: str) -> np.dtype:
     return np.dtype(dtype)
 
 
-def scatter_rows(node: Node, strides: Sequence[Sequence[int]]) -> tuple[_rows.Rows, tuple[int, int, int]]:
+def scatter_rows(node: Node, idx_strides: Sequence[int],
+                 upd_strides: Sequence[int]) -> tuple[_rows.Rows, tuple[int, int, int]]:
     """Rows of the updates along index_axis: (rows over updates/indices/out, their strides along
     it). Rows address distinct base elements, so they may run in parallel."""
     tb, ti, tu = node.input_types
     axis, ia = node.attributes["axis"], node.attributes["index_axis"]
     names = [a for a in tu.axes if a != ia]
     out_strides = c_strides(tb.shape)
-    r = _rows.rows(tu, ia, [(tu, names, strides[2]), (ti, names, strides[1]), (tb, names, out_strides)])
-    return r, (_rows.along(tu, ia, strides[2]), _rows.along(ti, ia, strides[1]),
+    r = _rows.rows(tu, ia, [(tu, names, upd_strides), (ti, names, idx_strides), (tb, names, out_strides)])
+    return r, (_rows.along(tu, ia, upd_strides), _rows.along(ti, ia, idx_strides),
                out_strides[tb.axes.index(axis)])
 
 
@@ -433,7 +440,7 @@ def _cpu_scatter_add(node: Node):
         key = (ust, ist)
         args = prepared.get(key)
         if args is None:
-            r, (uj, ij, oax) = scatter_rows(node, [(), ist, ust])
+            r, (uj, ij, oax) = scatter_rows(node, ist, ust)
             kernel = scatter_add_parallel if _rows.parallel_rows(r.count, tu.elements) else scatter_add_serial
             args = prepared[key] = (kernel, r, uj, ij, oax)
         kernel, r, uj, ij, oax = args
@@ -474,7 +481,7 @@ def _cuda_scatter_add(node: Node):
     float_kernel_dtype(node, "cuda")
     tb, ti, tu = node.input_types
     kernel = SpaceKernel("cuscatteradd", CUDA_SCATTER_ADD_SOURCE)
-    r, (uj, ij, oax) = scatter_rows(node, [(), c_strides(ti.shape), c_strides(tu.shape)])
+    r, (uj, ij, oax) = scatter_rows(node, c_strides(ti.shape), c_strides(tu.shape))
     shape, st = cuda.to_device(r.shape), cuda.to_device(r.strides)
     n, bound = tu.size_of(node.attributes["index_axis"]), tb.size_of(node.attributes["axis"])
 
