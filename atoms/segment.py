@@ -151,17 +151,22 @@ def _segment_row(x, ids, mask, out, shape, st, base, vs, js, ms, os, n, count, m
         acc[g] = 0
         cnt[g] = 0
         mx[g] = -np.inf
-    for j in range(n):
-        if mask[off[2] + j * ms] != 0:
-            g = ids[off[1] + j * js]
-            if g >= 0 and g < count:
-                v = x[off[0] + j * vs]
-                cnt[g] += 1
-                if mode >= 2:
+    if mode >= 2:  # amax, softmax: group maxima (NaN propagates)
+        for j in range(n):
+            if mask[off[2] + j * ms] != 0:
+                g = ids[off[1] + j * js]
+                if g >= 0 and g < count:
+                    v = x[off[0] + j * vs]
+                    cnt[g] += 1
                     if v > mx[g] or v != v:
                         mx[g] = v
-                else:
-                    acc[g] += v
+    else:
+        for j in range(n):
+            if mask[off[2] + j * ms] != 0:
+                g = ids[off[1] + j * js]
+                if g >= 0 and g < count:
+                    cnt[g] += 1
+                    acc[g] += x[off[0] + j * vs]
     if mode == 3:  # softmax: exponentials into out, then divide by their group's sum
         for j in range(n):
             e = out.dtype.type(0)
