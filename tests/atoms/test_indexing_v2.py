@@ -307,7 +307,7 @@ def test_window_types_and_errors():
     expect("atom_attributes", at("output_size"), infer, WINDOW, WIN, T("BN", (2, "S")))
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_window_symbolic_extent_at_run_time(backend):
     prog = one("window", [("v", ["N"], ["S"], "float32")], {**WIN, "output_size": "W"}, ["P", "K"], ["W", 2])
     exe = runtime.compile(prog, backend=backend)
