@@ -374,7 +374,7 @@ def cases(draw, dtypes):
         iaxes = [a for a in axes if a == axis or draw(st.booleans())]
         maxes = [a for a in axes if draw(st.booleans())]
         ids = rng.integers(-1, count + 1, [shape[axes.index(a)] for a in iaxes]).astype(np.int64)
-        mask = rng.random([shape[axes.index(a)] for a in maxes]) < 0.7
+        mask = np.asarray(rng.random([shape[axes.index(a)] for a in maxes]) < 0.7)
         full_ids = np.broadcast_to(np.moveaxis(ids.reshape([shape[axes.index(a)] if a in iaxes else 1
                                                             for a in axes]), 0, 0), shape)
         mask_full = np.broadcast_to(mask.reshape([shape[axes.index(a)] if a in maxes else 1 for a in axes]), shape)
@@ -391,8 +391,23 @@ def cases(draw, dtypes):
     return WINDOW, attrs, [vt], [value]
 
 
+def _layout(draw, x):
+    """The same values as a Fortran-ordered, reversed-stride or read-only array (cpu kernels
+    take any strides)."""
+    kind = draw(st.sampled_from(["c", "fortran", "reversed", "readonly"]))
+    if kind == "fortran":
+        return np.asfortranarray(x)
+    if kind == "reversed" and x.ndim:
+        return np.flip(np.flip(x, 0).copy(), 0)
+    y = np.array(x)
+    y.flags.writeable = kind != "readonly"
+    return y
+
+
 def _check(data, backend, dtypes):
     ref, attrs, types, values = data.draw(cases(dtypes))
+    if backend == "cpu":
+        values = [_layout(data.draw, v) for v in values]
     before = [v.copy() for v in values]
     want = run(ref, attrs, types, values)
     got = run(ref, attrs, types, values, backend)
