@@ -1,4 +1,10 @@
-"""Indexing atoms (SPEC §3): gather, scatter, lookup.
+"""Indexing atoms: gather, scatter, lookup (SPEC §3); gather@2, scatter@2 and the legacy
+arti/fold@2, arti/unfold@2 (§3b).
+
+gather@2, fold and unfold reuse the bit-moving kernels below (gather@2 for any payload dtype).
+scatter@2 adds instead of replacing, so repeated indices accumulate: its kernels walk rows of
+the updates along ``index_axis`` (one row per coordinate of the other axes), each row owning
+distinct base elements, so rows run in parallel and additions within a row run in order.
 
 Index values are checked on the host before any kernel runs (``check_values``: vectorised
 NumPy, ``index_range`` and ``duplicate_index``), and the kernels guard every index anyway,
@@ -19,35 +25,45 @@ from collections.abc import Sequence
 
 import attrs
 import numpy as np
+from numba import njit, prange
 
 from runtime.atomspec import AtomSpec, InferContext, Node
 from runtime.errors import fail
 from runtime.layout import align_to
-from runtime.types import TensorType
+from runtime.types import TensorType, accumulation_dtype, is_float, numpy_dtype
 
 from ._refs import refs_for
-from . import _copy
+from . import _copy, _rows
 from .layout import _i64, _itemsize, c_strides, coalesce, device_bits, flat_view, out_bits
 
 
 # --- infer -----------------------------------------------------------------------------------
 
-def gather_type(ctx: InferContext, value: int = 0, indices: int = 1) -> TensorType:
-    """The type gather(value, indices) gives, after checking the SPEC rules (scatter reuses it)."""
+def gather_type(ctx: InferContext, value: int = 0, indices: int = 1, version: int = 1) -> TensorType:
+    """The type gather(value, indices) gives, after checking the SPEC rules (scatter reuses it).
+
+    ``version`` 2 (§3b: gather@2, scatter@2) takes a value of any dtype and reports index_axis
+    rules as operand errors (type_mismatch); version 1 as attribute errors."""
     tv, ti = ctx.operands[value], ctx.operands[indices]
     vname, iname = ctx.atom.inputs[value], ctx.atom.inputs[indices]
     axis = ctx.axis_of("axis", value)
     ia = ctx.attributes["index_axis"]
     if not isinstance(ia, str):
         ctx.bad_attr("index_axis", f"expected an axis name, got {ia!r}")
+
+    def bad_index_axis(message: str):
+        if version == 1:
+            ctx.bad_attr("index_axis", message)
+        ctx.mismatch(f"index_axis: {message}", indices)
+
     if ia not in ti.axes:
-        ctx.bad_attr("index_axis", f"{iname} has no axis {ia!r} (axes {list(ti.axes)})")
+        bad_index_axis(f"{iname} has no axis {ia!r} (axes {list(ti.axes)})")
     if ia in tv.axes:
-        ctx.bad_attr("index_axis", f"{ia!r} is an axis of {vname}; the index axis must be the "
-                                   f"one axis of {iname} that {vname} lacks")
+        bad_index_axis(f"{ia!r} is an axis of {vname}; the index axis must be the "
+                       f"one axis of {iname} that {vname} lacks")
     if ti.dtype != "int64":
         ctx.mismatch(f"{iname} must be int64, got {ti.dtype}", indices)
-    if tv.dtype == "int64":
+    if version == 1 and tv.dtype == "int64":
         ctx.mismatch(f"{vname} must not be int64 (it would be confused with indices)", value)
     if ti.domain != tv.domain:
         ctx.mismatch(f"{iname} is in domain {ti.domain!r} but {vname} is in {tv.domain!r}", indices)
@@ -74,6 +90,48 @@ def infer_scatter(ctx: InferContext) -> TensorType:
     if tu.axes != expected.axes:
         ctx.mismatch(f"updates must have axes {list(expected.axes)} (the gather of base by indices), "
                      f"got {list(tu.axes)}", 2)
+    ctx.require_same_dtype_domain(0, 2)
+    for a, want, got in zip(tu.axes, expected.sizes, tu.sizes):
+        ctx.require_extent(got, want, f"updates axis {a!r} against gather(base, indices)", 2)
+    return ctx.output(tb.axes, tb.sizes)
+
+
+def infer_gather2(ctx: InferContext) -> TensorType:
+    return gather_type(ctx, version=2)
+
+
+FOLD_REFS = {"record_schema_ref": "arti/fold-record@1", "state_schema_ref": "arti/fold-state@1"}
+
+
+def _check_fold_refs(ctx: InferContext) -> None:
+    for key, want in FOLD_REFS.items():
+        if key in ctx.attributes:
+            ctx.attr_str(key, (want,))
+
+
+def infer_fold(ctx: InferContext) -> TensorType:
+    _check_fold_refs(ctx)
+    return gather_type(ctx)
+
+
+def infer_unfold(ctx: InferContext) -> TensorType:
+    _check_fold_refs(ctx)
+    return infer_scatter(ctx)
+
+
+def infer_scatter_add(ctx: InferContext) -> TensorType:
+    ctx.attr_str("mode", ("add",))
+    ctx.accumulation()
+    ctx.require_dtype(0, "floating")
+    expected = gather_type(ctx, version=2)
+    tb, tu = ctx.operands[0], ctx.operands[2]
+    if tu.axes != expected.axes:
+        ctx.mismatch(f"updates must have axes {list(expected.axes)} (the gather of base by indices), "
+                     f"got {list(tu.axes)}", 2)
+    if ctx.planning and tb.dtype != tu.dtype and is_float(tb.dtype) and is_float(tu.dtype):
+        fail("binding_dtype", f"{ctx.path}.input_slots[2]",
+             f"scatter: base is bound as {tb.dtype} but updates as {tu.dtype}; floating operands "
+             f"that must agree need one float dtype")
     ctx.require_same_dtype_domain(0, 2)
     for a, want, got in zip(tu.axes, expected.sizes, tu.sizes):
         ctx.require_extent(got, want, f"updates axis {a!r} against gather(base, indices)", 2)
@@ -208,8 +266,10 @@ def moves_scatter(node: Node, src_strides, idx_strides) -> IndexedMove:
 
 
 # operand positions per atom: (source of the moved values, indices, base copied first or None)
-OPERANDS = {"gather": (0, 1, None), "lookup": (0, 1, None), "scatter": (2, 1, 0)}
-MOVES = {"gather": moves_gather, "lookup": moves_lookup, "scatter": moves_scatter}
+OPERANDS = {"gather": (0, 1, None), "lookup": (0, 1, None), "scatter": (2, 1, 0), "fold": (0, 1, None),
+            "unfold": (2, 1, 0)}
+MOVES = {"gather": moves_gather, "lookup": moves_lookup, "scatter": moves_scatter, "fold": moves_gather,
+         "unfold": moves_scatter}
 
 
 def _prepare(m: IndexedMove):
@@ -223,7 +283,7 @@ def _cpu(node: Node):
     name = node.atom.name
     src_k, idx_k, base_k = OPERANDS[name]
     item = _itemsize(node.output_type)
-    space = node.input_types[src_k].shape if name == "scatter" else node.output_type.shape
+    space = node.input_types[src_k].shape if base_k is not None else node.output_type.shape
     parallel, ntask = _copy.tasks(space or (1,), math.prod(space))
     kernel = _copy.kernel("indexed", item, parallel)
     no_mask = _copy.exponent_mask("", item)
@@ -307,6 +367,147 @@ def _cuda(node: Node):
     return run
 
 
+# --- scatter@2 (add): rows along the index axis, so repeated indices of one row add serially ---------
+
+def compute_dtype(dtype: str) -> np.dtype:
+    """The dtype scatter@2 and segment add in: float64 for float64, else float32 (§3b.1: this
+    runtime accumulates half operands in float32 under either accumulation policy)."""
+    return np.dtype(np.float64 if dtype == "float64" else np.float32)
+
+
+def float_kernel_dtype(node: Node, backend: str) -> np.dtype:
+    """float32/float64 (half operands reach these kernels widened by the planner, §3b.1)."""
+    dtype = node.output_type.dtype
+    if dtype not in ("float32", "float64"):
+        fail("backend_unavailable", node.path,
+             f"{node.atom.name} has no {backend} kernel for {dtype}; use backend='reference'")
+    return np.dtype(dtype)
+
+
+def scatter_rows(node: Node, idx_strides: Sequence[int],
+                 upd_strides: Sequence[int]) -> tuple[_rows.Rows, tuple[int, int, int]]:
+    """Rows of the updates along index_axis: (rows over updates/indices/out, their strides along
+    it). Rows address distinct base elements, so they may run in parallel."""
+    tb, ti, tu = node.input_types
+    axis, ia = node.attributes["axis"], node.attributes["index_axis"]
+    names = [a for a in tu.axes if a != ia]
+    out_strides = c_strides(tb.shape)
+    r = _rows.rows(tu, ia, [(tu, names, upd_strides), (ti, names, idx_strides), (tb, names, out_strides)])
+    return r, (_rows.along(tu, ia, upd_strides), _rows.along(ti, ia, idx_strides),
+               out_strides[tb.axes.index(axis)])
+
+
+@njit(inline="always", nogil=True)
+def _scatter_add_row(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, r):
+    off = _rows.row_offsets(r, shape, st, base)
+    bad = 0
+    for j in range(n):
+        v = idx[off[1] + j * ij]
+        if v >= 0 and v < bound:
+            out[off[2] + v * oax] += upd[off[0] + j * uj]
+        else:
+            bad += 1
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def scatter_add_serial(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, count):
+    bad = 0
+    for r in range(count):
+        bad += _scatter_add_row(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, r)
+    return bad
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def scatter_add_parallel(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, count):
+    bad = 0
+    for r in prange(count):
+        bad += _scatter_add_row(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, r)
+    return bad
+
+
+def _cpu_scatter_add(node: Node):
+    dt = float_kernel_dtype(node, "cpu")
+    tu = node.input_types[2]
+    ia = node.attributes["index_axis"]
+    n, bound = tu.size_of(ia), node.input_types[0].size_of(node.attributes["axis"])
+    prepared: dict[tuple, tuple] = {}
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        np.copyto(out, inputs[0])
+        upd, uoff, ust = flat_view(inputs[2])
+        idx, ioff, ist = flat_view(inputs[1])
+        key = (ust, ist)
+        args = prepared.get(key)
+        if args is None:
+            r, (uj, ij, oax) = scatter_rows(node, ist, ust)
+            kernel = scatter_add_parallel if _rows.parallel_rows(r.count, tu.elements) else scatter_add_serial
+            args = prepared[key] = (kernel, r, uj, ij, oax)
+        kernel, r, uj, ij, oax = args
+        bad = kernel(upd.view(dt), idx.view(np.int64), out.reshape(-1), r.shape, r.strides,
+                     _i64([uoff, ioff, 0]), uj, ij, oax, n, bound, r.count)
+        if bad:  # only reachable when check_values was skipped: re-run it for the precise error
+            _check_gather(node, [None, inputs[1]])
+    return run
+
+
+CUDA_SCATTER_ADD_SOURCE = '''"""Generated by atoms.indexing: scatter-add, one thread per row along the index axis."""
+from numba import cuda
+
+from atoms._rows_cuda import row_offset
+
+
+@cuda.jit(cache=True)
+def kernel(upd, idx, out, shape, st, uj, ij, oax, n, bound, count):
+    t = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while t < count:
+        u = row_offset(t, shape, st, 0)
+        x = row_offset(t, shape, st, 1)
+        o = row_offset(t, shape, st, 2)
+        for j in range(n):
+            v = idx[x + j * ij]
+            if v >= 0 and v < bound:
+                out[o + v * oax] += upd[u + j * uj]
+        t += step
+'''
+
+
+def _cuda_scatter_add(node: Node):
+    from numba import cuda
+
+    from runtime.backends.cuda_codegen import SpaceKernel
+
+    float_kernel_dtype(node, "cuda")
+    tb, ti, tu = node.input_types
+    kernel = SpaceKernel("cuscatteradd", CUDA_SCATTER_ADD_SOURCE)
+    r, (uj, ij, oax) = scatter_rows(node, c_strides(ti.shape), c_strides(tu.shape))
+    shape, st = cuda.to_device(r.shape), cuda.to_device(r.strides)
+    n, bound = tu.size_of(node.attributes["index_axis"]), tb.size_of(node.attributes["axis"])
+
+    def run(inputs, out) -> None:
+        flat = out.reshape((max(1, tb.elements),))
+        flat.copy_to_device(device_bits(inputs[0]).view(out.dtype))
+        kernel([device_bits(inputs[2]).view(out.dtype), device_bits(inputs[1]).view(np.int64), flat,
+                shape, st, uj, ij, oax, n, bound, r.count], r.count)
+    return run
+
+
+def _ref_scatter_add(node: Node):
+    tb, ti, tu = node.input_types
+    p = tb.axes.index(node.attributes["axis"])
+    c = compute_dtype(tb.dtype)
+
+    def run(inputs, out):
+        _check_gather(node, inputs)
+        acc = np.array(inputs[0], dtype=c)
+        where = list(np.indices(tu.shape, sparse=True))
+        where[p] = align_to(np.asarray(inputs[1]), ti, tu)
+        np.add.at(acc, tuple(where), np.asarray(inputs[2]).astype(c))
+        out[...] = acc.astype(out.dtype)
+    return run
+
+
 # --- reference ---------------------------------------------------------------------------------------
 
 def _ref_gather(node: Node):
@@ -344,9 +545,33 @@ def _ref_lookup(node: Node):
     return run
 
 
-CHECKS = {"gather": _check_gather, "scatter": _check_scatter, "lookup": _check_lookup}
+CHECKS = {"gather": _check_gather, "scatter": _check_scatter, "lookup": _check_lookup, "fold": _check_gather,
+          "unfold": _check_scatter}
+
+GATHER_HALF_NATIVE = frozenset({"cpu", "cuda"})  # copies by item size: half values move as bits (also unfold)
 
 SPECS = [
+    AtomSpec(name="gather", refs=refs_for("gather", 2), inputs=("value", "indices"),
+             attributes=frozenset({"axis", "index_axis"}), infer=infer_gather2,
+             kernels={"reference": _ref_gather, "cpu": _cpu, "cuda": _cuda},
+             check_values=_check_gather, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
+             summary="value entries (any dtype) along one axis picked by int64 indices, repeats allowed"),
+    AtomSpec(name="scatter", refs=refs_for("scatter", 2), inputs=("base", "indices", "updates"),
+             attributes=frozenset({"axis", "index_axis", "mode", "accumulation_dtype"}),
+             infer=infer_scatter_add,
+             kernels={"reference": _ref_scatter_add, "cpu": _cpu_scatter_add, "cuda": _cuda_scatter_add},
+             check_values=_check_gather, checked_inputs=(1,),
+             summary="base plus updates added at indexed positions (repeated indices accumulate)"),
+    AtomSpec(name="fold", refs=("arti/fold@2",), inputs=("value", "indices"),
+             attributes=frozenset({"axis", "index_axis", *FOLD_REFS}), infer=infer_fold,
+             kernels={"reference": _ref_gather, "cpu": _cpu, "cuda": _cuda},
+             check_values=_check_gather, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
+             summary="legacy arti fold: gather of SPEC §3"),
+    AtomSpec(name="unfold", refs=("arti/unfold@2",), inputs=("base", "indices", "updates"),
+             attributes=frozenset({"axis", "index_axis", "mode", "record_schema_ref"}), infer=infer_unfold,
+             kernels={"reference": _ref_scatter, "cpu": _cpu, "cuda": _cuda},
+             check_values=_check_scatter, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
+             summary="legacy arti unfold: scatter of SPEC §3 (unique indices)"),
     AtomSpec(name="gather", refs=refs_for("gather"), inputs=("value", "indices"),
              attributes=frozenset({"axis", "index_axis"}), infer=infer_gather,
              kernels={"reference": _ref_gather, "cpu": _cpu, "cuda": _cuda},

@@ -165,5 +165,39 @@ permute = AtomCase(
     lambda rng: _inputs(x=_normal(rng, (PB, PS, PH, PD))),
     lambda v: (lambda x=v["inputs"]["x"]: np.ascontiguousarray(x.transpose(0, 2, 1, 3))))
 
+# --- §3b: segment, window --------------------------------------------------------------------
+SN, SD, SG = 16384, 64, 256
+
+
+def _segment_mean(v):
+    x, ids, m = v["inputs"]["x"], v["inputs"]["ids"], v["inputs"]["valid"]
+
+    def run():
+        sums = np.zeros((SG, SD), np.float32)
+        np.add.at(sums, ids[m], x[m])
+        counts = np.bincount(ids[m], minlength=SG).astype(np.float32)[:, None]
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.float32(0))
+    return run
+
+
+segment_mean = AtomCase(
+    "segment-mean-rows",
+    _one("segment@1", {"x": {"N": SN, "D": SD}, "ids": {"N": SN}, "valid": {"N": SN}},
+         {"axis": "N", "segment_axis": "G", "num_segments": SG, "mode": "mean", **ACC}, {"G": SG, "D": SD},
+         dtypes={"ids": "int64", "valid": "boolean"}),
+    lambda rng: _inputs(x=_normal(rng, (SN, SD)), ids=rng.integers(0, SG, SN, dtype=np.int64),
+                        valid=rng.random(SN) < 0.9),
+    _segment_mean, rtol=1e-4, atol=1e-5)
+
+WB, WT, WK = 64, 4096, 4
+window = AtomCase(
+    "window-causal",
+    _one("window@1", {"x": {"B": WB, "T": WT}},
+         {"axis": "T", "output_axis": "P", "window_axis": "K", "kernel_size": WK, "stride": 1, "dilation": 1,
+          "padding": [WK - 1, 0], "output_size": None}, {"B": WB, "P": WT, "K": WK}),
+    lambda rng: _inputs(x=_normal(rng, (WB, WT))),
+    lambda v: (lambda x=v["inputs"]["x"]: np.lib.stride_tricks.sliding_window_view(
+        np.pad(x, ((0, 0), (WK - 1, 0))), WK, axis=1).copy()))
+
 CASES = (contract_matmul, contract_batched, scalar_silu, scalar_gelu, add, scale, reduce_sum,
-         masked_softmax, lookup, gather, permute)
+         masked_softmax, lookup, gather, permute, segment_mean, window)

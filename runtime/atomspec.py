@@ -69,6 +69,9 @@ class AtomSpec:
     # widens half operands to float32 temporaries, runs the float32 kernel and rounds the output
     # to the half dtype once (SPEC §3b.1), the temporaries counted in the working bytes (§3b.3.7).
     half_native: frozenset[str] = frozenset()
+    # bytes of scratch a kernel holds beyond the arena slots, per backend (``scratch_bytes(node,
+    # backend)``): the §5 preflight counts the largest of them in the working set (§3b.3 item 7)
+    scratch_bytes: Callable[["Node", str], int] | None = None
     summary: str = ""
 
     @property

@@ -51,10 +51,11 @@ class Plan:
     max_working_bytes: int
     backend: str = ""
     fused: bool = False
+    scratch_bytes: int = 0  # kernels' own scratch beyond the slots (AtomSpec.scratch_bytes), summed
 
     @property
     def working_bytes(self) -> int:
-        return self.binding_bytes + self.arena_bytes + self.output_bytes
+        return self.binding_bytes + self.arena_bytes + self.output_bytes + self.scratch_bytes
 
     @property
     def fits(self) -> bool:
@@ -82,7 +83,8 @@ class Plan:
                       "saved_bytes": self.temporaries_bytes - self.arena_bytes},
             "arena_bytes": self.arena_bytes, "temporaries_bytes": self.temporaries_bytes,
             "binding_bytes": self.binding_bytes, "output_bytes": self.output_bytes,
-            "working_bytes": self.working_bytes, "max_working_bytes": self.max_working_bytes,
+            "scratch_bytes": self.scratch_bytes, "working_bytes": self.working_bytes,
+            "max_working_bytes": self.max_working_bytes,
             "fits": self.fits, "verdict": self.verdict,
         }
 
@@ -120,9 +122,16 @@ class Plan:
         lines.append(f"arena peak {_size(self.arena_bytes)} vs {_size(self.temporaries_bytes)} without reuse"
                      f" (saved {_size(self.temporaries_bytes - self.arena_bytes)})")
         lines.append(f"working set {_size(self.working_bytes)} = bindings {_size(self.binding_bytes)}"
-                     f" + arena {_size(self.arena_bytes)} + outputs {_size(self.output_bytes)}; "
+                     f" + arena {_size(self.arena_bytes)} + outputs {_size(self.output_bytes)}"
+                     f" + kernel scratch {_size(self.scratch_bytes)}; "
                      f"{'fits' if self.fits else 'EXCEEDS'} max_working_bytes {_size(self.max_working_bytes)}")
         return "\n".join(lines)
+
+
+def kernel_scratch(nodes: Sequence[Node], backend: str) -> int:
+    """Scratch bytes the nodes' kernels declare for ``backend`` (summed: a cuda kernel may hold
+    its scratch for the compiled plan's lifetime)."""
+    return sum(n.atom.scratch_bytes(n, backend) for n in nodes if n.atom.scratch_bytes is not None)
 
 
 def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], outputs: Sequence[str],
@@ -169,11 +178,12 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
     plan = Plan(dict(dims), tuple(groups), buffers, peak, sum(b.nbytes for b in temporaries),
                 sum(b.nbytes for b in buffers.values() if b.kind in ("input", "bank")),
                 sum(b.nbytes for b in buffers.values() if b.kind == "output"), limits.max_working_bytes,
-                backend, bool(fuse))
+                backend, bool(fuse), kernel_scratch(nodes, backend))
     if enforce and not plan.fits:
         fail("limit_exceeded", "$.limits.max_working_bytes",
              f"the working set needs {plan.working_bytes} bytes (bindings {plan.binding_bytes} + "
-             f"arena peak {plan.arena_bytes} + outputs {plan.output_bytes}; the temporaries would need "
+             f"arena peak {plan.arena_bytes} + outputs {plan.output_bytes} + kernel scratch "
+             f"{plan.scratch_bytes}; the temporaries would need "
              f"{plan.temporaries_bytes} without reuse) but max_working_bytes allows {limits.max_working_bytes}")
     if enforce and memory_limit is not None:
         check_ceiling(plan.working_bytes, memory_limit, limits.max_working_bytes, "$.limits.max_working_bytes",

@@ -180,6 +180,33 @@ def _cases():
                                       {"axis": "M", "accumulation_dtype": "float32"},
                                       ["N", "M"], [3, 3]),
         {"l": SM_LOGITS, "m": SM_MASK}, SM_OUT)
+    # §3b: gather@2 with repeated indices, scatter@2 add (repeats accumulate), segment with an
+    # empty group and an out-of-range inactive id, window with padding, dilation and stride
+    gi = np.array([3, 3, 0], np.int64)
+    add("gather@2-repeats", lambda: one("gather@2", [("v", ["N", "M"], [4, 2], "float32"),
+                                                     ("i", ["J"], [3], "int64")],
+                                        {"axis": "N", "index_axis": "J"}, ["J", "M"], [3, 2]),
+        {"v": V42, "i": gi}, V42[gi])
+    add("scatter@2-add", lambda: one("scatter@2", [("b", ["N", "M"], [4, 2], "float32"),
+                                                   ("i", ["J"], [3], "int64"),
+                                                   ("u", ["J", "M"], [3, 2], "float32")],
+                                     {"axis": "N", "index_axis": "J", "mode": "add",
+                                      "accumulation_dtype": "float32"}, ["N", "M"], [4, 2]),
+        {"b": V42, "i": gi, "u": X23.T.copy()},
+        V42 + np.array([[3, 6], [0, 0], [0, 0], [1 + 2, 4 + 5]], np.float32))
+    seg_v = np.array([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]], np.float32)
+    add("segment-sum", lambda: one("segment", [("v", ["B", "N"], [2, 4], "float32"),
+                                               ("s", ["N"], [4], "int64"), ("m", ["N"], [4], "boolean")],
+                                   {"axis": "N", "segment_axis": "G", "num_segments": 3, "mode": "sum",
+                                    "accumulation_dtype": "float32"}, ["B", "G"], [2, 3]),
+        {"v": seg_v, "s": np.array([2, 0, 2, 9], np.int64), "m": np.array([True, True, True, False])},
+        np.array([[2.0, 0.0, 4.0], [6.0, 0.0, 12.0]]))
+    win_v = np.arange(1.0, 6.0, dtype=np.float32)
+    add("window-pad-dilate-stride", lambda: one(
+        "window", [("v", ["N"], [5], "float32")],
+        {"axis": "N", "output_axis": "P", "window_axis": "K", "kernel_size": 2, "stride": 2,
+         "dilation": 2, "padding": [1, 1], "output_size": None}, ["P", "K"], [3, 2]),
+        {"v": win_v}, np.array([[0.0, 2.0], [2.0, 4.0], [4.0, 0.0]]))
     return c
 
 

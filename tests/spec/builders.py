@@ -42,8 +42,11 @@ DEFAULT_LIMITS = {
 
 
 def atom_ref(name: str) -> str:
-    """The versioned reference the built-in plugin registers for atom ``name``."""
-    return f"arti/formula-atom-{name}@1"
+    """The versioned reference the built-in plugin registers for atom ``name`` (``name@N`` for
+    another version; a name with an owner, such as ``arti/fold@2``, is already a reference)."""
+    if "/" in name:
+        return name
+    return f"arti/formula-atom-{name}" + ("" if "@" in name else "@1")
 
 
 def ttype(axes, sizes=None, dtype: str = "float32", domain: str = DOMAIN,
