@@ -9,7 +9,7 @@ import importlib
 
 from runtime.hookspecs import hookimpl
 
-FAMILIES = ("contract", "elementwise", "reduce", "softmax", "layout", "indexing")
+FAMILIES = ("contract", "elementwise", "reduce", "softmax", "layout", "indexing", "position")
 
 
 def all_specs():
