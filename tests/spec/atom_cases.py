@@ -105,6 +105,27 @@ def _cases():
     add("reduce", lambda: one("reduce", [("v", ["N", "M"], [2, 3], "float32")],
                               {"axis": "M", "mode": "sum", "accumulation_dtype": "float32"},
                               ["N"], [2]), {"v": X23}, np.array([6.0, 15.0]))
+    lse = np.array([[1e4, -1e4, 1e4], [1.0, 2.0, 3.0]], np.float32)
+    add("reduce@2-logsumexp", lambda: one("reduce@2", [("v", ["N", "M"], [2, 3], "float32")],
+                                          {"axis": "M", "mode": "logsumexp", "accumulation_dtype": "float32"},
+                                          ["N"], [2]),
+        {"v": lse}, np.array([1e4 + math.log(2), 3 + math.log(1 + math.exp(-1) + math.exp(-2))]))
+    add("reduce@2-mean", lambda: one("reduce@2", [("v", ["N", "M"], [2, 3], "float32")],
+                                     {"axis": "N", "mode": "mean", "accumulation_dtype": ACT}, ["M"], [3]),
+        {"v": X23}, X23.mean(axis=0))
+    add("position-sinusoidal", lambda: one(
+        "position-sinusoidal", [("p", ["S"], [2], "int64")],
+        {"feature_axis": "F", "feature_size": 3, "dtype": "floating", "base": 100.0},
+        ["S", "F"], [2, 3], "floating"), {"p": np.array([0, 2], np.int64)},
+        np.array([[0, 1, 0], [math.sin(2), math.cos(2), math.sin(2 * 100 ** (-2 / 3))]]))
+    add("position-relative", lambda: one(
+        "position-relative", [("a", ["I"], [2], "float32"), ("b", ["J"], [3], "float32")], {},
+        ["I", "J"], [2, 3]), {"a": ROW3[:2], "b": ROW3}, ROW3[:2, None] - ROW3[None, :])
+    add("position-rotary", lambda: one(
+        "position-rotary", [("v", ["S", "F"], [2, 2], "float32"), ("p", ["S"], [2], "float32")],
+        {"feature_axis": "F", "base": 10000.0}, ["S", "F"], [2, 2]),
+        {"v": np.array([[1, 2], [1, 0]], np.float32), "p": np.array([0, 0.5], np.float32)},
+        np.array([[1, 2], [math.cos(0.5), math.sin(0.5)]]))
     add("reshape", lambda: one("reshape", [("v", ["N", "M"], [2, 3], "float32")],
                                {"output_axes": ["P", "Q"], "output_sizes": [3, 2]},
                                ["P", "Q"], [3, 2]), {"v": X23}, X23.reshape(3, 2))

@@ -42,8 +42,9 @@ DEFAULT_LIMITS = {
 
 
 def atom_ref(name: str) -> str:
-    """The versioned reference the built-in plugin registers for atom ``name``."""
-    return f"arti/formula-atom-{name}@1"
+    """The versioned reference the built-in plugin registers for atom ``name`` (``reduce@2``
+    names a version; a bare name is version 1)."""
+    return f"arti/formula-atom-{name}" + ("" if "@" in name else "@1")
 
 
 def ttype(axes, sizes=None, dtype: str = "float32", domain: str = DOMAIN,
