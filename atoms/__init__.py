@@ -9,7 +9,8 @@ import importlib
 
 from runtime.hookspecs import hookimpl
 
-FAMILIES = ("contract", "elementwise", "reduce", "softmax", "layout", "indexing", "position")
+FAMILIES = ("contract", "elementwise", "reduce", "softmax", "layout", "indexing", "position",
+            "observe")
 
 
 def all_specs():

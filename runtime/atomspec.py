@@ -67,6 +67,9 @@ class AtomSpec:
     # widens half operands to float32 temporaries, runs the float32 kernel and rounds the output
     # to the half dtype once (SPEC §3b.1), the temporaries counted in the working bytes (§3b.3.7).
     half_native: frozenset[str] = frozenset()
+    # bytes a kernel allocates beyond the arena slots (tables, padded copies) for ``(node,
+    # backend)``: the planner counts the largest in the working bytes (SPEC §3b.3 item 7)
+    scratch_bytes: Callable[["Node", str], int] | None = None
     summary: str = ""
 
     @property

@@ -50,10 +50,11 @@ class Plan:
     max_working_bytes: int
     backend: str = ""
     fused: bool = False
+    scratch_bytes: int = 0  # the largest scratch one kernel allocates beyond the arena
 
     @property
     def working_bytes(self) -> int:
-        return self.binding_bytes + self.arena_bytes + self.output_bytes
+        return self.binding_bytes + self.arena_bytes + self.output_bytes + self.scratch_bytes
 
     @property
     def fits(self) -> bool:
@@ -81,7 +82,7 @@ class Plan:
                       "saved_bytes": self.temporaries_bytes - self.arena_bytes},
             "arena_bytes": self.arena_bytes, "temporaries_bytes": self.temporaries_bytes,
             "binding_bytes": self.binding_bytes, "output_bytes": self.output_bytes,
-            "working_bytes": self.working_bytes, "max_working_bytes": self.max_working_bytes,
+            "scratch_bytes": self.scratch_bytes, "working_bytes": self.working_bytes, "max_working_bytes": self.max_working_bytes,
             "fits": self.fits, "verdict": self.verdict,
         }
 
@@ -119,7 +120,8 @@ class Plan:
         lines.append(f"arena peak {_size(self.arena_bytes)} vs {_size(self.temporaries_bytes)} without reuse"
                      f" (saved {_size(self.temporaries_bytes - self.arena_bytes)})")
         lines.append(f"working set {_size(self.working_bytes)} = bindings {_size(self.binding_bytes)}"
-                     f" + arena {_size(self.arena_bytes)} + outputs {_size(self.output_bytes)}; "
+                     f" + arena {_size(self.arena_bytes)} + outputs {_size(self.output_bytes)}"
+                     f"{f' + kernel scratch {_size(self.scratch_bytes)}' if self.scratch_bytes else ''}; "
                      f"{'fits' if self.fits else 'EXCEEDS'} max_working_bytes {_size(self.max_working_bytes)}")
         return "\n".join(lines)
 
@@ -166,11 +168,13 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
     plan = Plan(dict(dims), tuple(groups), buffers, peak, sum(b.nbytes for b in temporaries),
                 sum(b.nbytes for b in buffers.values() if b.kind in ("input", "bank")),
                 sum(b.nbytes for b in buffers.values() if b.kind == "output"), limits.max_working_bytes,
-                backend, bool(fuse))
+                backend, bool(fuse), max((n.atom.scratch_bytes(n, backend) for n in nodes
+                                          if n.atom.scratch_bytes is not None), default=0))
     if enforce and not plan.fits:
         fail("limit_exceeded", "$.limits.max_working_bytes",
              f"the working set needs {plan.working_bytes} bytes (bindings {plan.binding_bytes} + "
-             f"arena peak {plan.arena_bytes} + outputs {plan.output_bytes}; the temporaries would need "
+             f"arena peak {plan.arena_bytes} + outputs {plan.output_bytes} + kernel scratch "
+             f"{plan.scratch_bytes}; the temporaries would need "
              f"{plan.temporaries_bytes} without reuse) but max_working_bytes allows {limits.max_working_bytes}")
     return plan
 
