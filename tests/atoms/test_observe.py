@@ -190,3 +190,18 @@ def test_fourier_tables_are_counted_in_the_working_bytes():
 
     node = bind_node(SPEC["observe-fourier"], FOURIER(shape=(2, 3)), four(b=2, t=5))
     assert SPEC["observe-fourier"].scratch_bytes(node, "cpu") == 2 * 5 * 2 * (4 + 6 - 2) * 4
+
+
+def test_plan_counts_fourier_tables_and_refuses_when_they_do_not_fit():
+    import runtime
+    from tests.spec.atom_cases import VALID
+
+    make, inputs = next(case[1:3] for case in VALID if case[0] == "observe-fourier")
+    plan = runtime.compile(make(), backend="cpu").plan({})
+    assert plan.scratch_bytes == 1 * 1 * 2 * (4 + 4 - 2) * 4
+    assert plan.working_bytes == plan.binding_bytes + plan.arena_bytes + plan.output_bytes + plan.scratch_bytes
+    program = make()
+    program["limits"]["max_working_bytes"] = plan.working_bytes - 1
+    with pytest.raises(FormulaError) as info:
+        runtime.execute(program, inputs=inputs, banks={}, backend="cpu")
+    assert info.value.code == "limit_exceeded" and "kernel scratch 48" in info.value.message

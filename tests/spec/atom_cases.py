@@ -126,6 +126,16 @@ def _cases():
         {"feature_axis": "F", "base": 10000.0}, ["S", "F"], [2, 2]),
         {"v": np.array([[1, 2], [1, 0]], np.float32), "p": np.array([0, 0.5], np.float32)},
         np.array([[1, 2], [math.cos(0.5), math.sin(0.5)]]))
+    obs = [("v", ["B", "N", "D"], [1, 4, 1], "float32"), ("s", ["B", "T", "S"], [1, 1, 2], "float32"),
+           ("m", ["B", "N"], [1, 4], "boolean"), ("a", ["B", "T"], [1, 1], "boolean")]
+    obs_in = {"v": f32(1, 4, 1), "s": np.array([[[1.0, 1.0]]], np.float32),
+              "m": np.array([[True, True, False, True]]), "a": np.array([[True]])}
+    add("observe-identity", lambda: one("observe-identity", obs, {}, ["B", "T", "N", "D"], [1, 1, 4, 1]),
+        obs_in, np.array([1.0, 2.0, 0.0, 4.0]).reshape(1, 1, 4, 1))
+    add("observe-fourier", lambda: one(  # a 2x2 image rolled by one pixel each way
+        "observe-fourier", obs, {"spatial_shape": [2, 2], "state_mode": "cartesian",
+                                 "direction_epsilon": 1e-6, "compile_policy": "safe_training"},
+        ["B", "T", "N", "D"], [1, 1, 4, 1]), obs_in, np.array([4.0, 3.0, 0.0, 1.0]).reshape(1, 1, 4, 1))
     add("reshape", lambda: one("reshape", [("v", ["N", "M"], [2, 3], "float32")],
                                {"output_axes": ["P", "Q"], "output_sizes": [3, 2]},
                                ["P", "Q"], [3, 2]), {"v": X23}, X23.reshape(3, 2))
