@@ -33,7 +33,8 @@ FLOAT_DTYPES = ("float32", "float64")
 
 
 def atom_ref(name: str) -> str:
-    return f"arti/formula-atom-{name}@1"
+    """``reduce@2`` names its version; a bare name is version 1."""
+    return f"arti/formula-atom-{name}" + ("" if "@" in name else "@1")
 
 
 def tensor_type(axes: Mapping[str, int | str], dtype: str, domain: str = "anonymous") -> dict:
