@@ -240,7 +240,7 @@ def _cpu_sinusoidal(node: Node):
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         co = cg.contiguous(np.asarray(inputs[0])).reshape(cshape)
-        kernel([co, omega, out.reshape(ct.shape + (width,))], space, math.prod(space) * 8)
+        kernel([co, omega, out.reshape(ct.shape + (width,))], space, math.prod(space) * 2)
     return run
 
 
@@ -266,31 +266,71 @@ def _cuda_sinusoidal(node: Node):
     return run
 
 
+def _rotary_table_body(rank: int, position: int, pattern: Sequence[bool], one: str) -> list[str]:
+    """The CPU's rotation: cos θ and sin θ read from tables (keepdims over the pair space)."""
+    names = [f"i{k}" for k in range(rank)]
+    i = names[position]
+    a0, a1 = (", ".join(names[:position] + [f] + names[position + 1:]) for f in _pair_indices(i, one))
+    at = ", ".join("0" if b and k != position else n for k, (n, b) in enumerate(zip(names, pattern)))
+    return [f"cs = tc[{at}]",
+            f"sn = ts[{at}]",
+            f"x0 = v[{a0}]",
+            f"x1 = v[{a1}]",
+            f"out[{a0}] = x0 * cs - x1 * sn",
+            f"out[{a1}] = x0 * sn + x1 * cs"]
+
+
+def _rotary_tables(node: Node) -> tuple[tuple[int, ...], int]:
+    """(keepdims shape of the cos/sin tables, elements of the converted coordinates)."""
+    from runtime.backends.cpu_codegen import broadcast_axes
+
+    _, ct = node.input_types
+    position, width, pairs = _rotary_layout(node)
+    pattern = broadcast_axes(ct, pairs)
+    shape = tuple(1 if b and k != position else n for k, (n, b) in enumerate(zip(pairs.shape, pattern)))
+    return shape, ct.elements
+
+
+def rotary_scratch(node: Node, backend: str) -> int:
+    """The CPU's tables: the coordinates in c, then cos θ and sin θ per (coordinate, pair)."""
+    if backend != "cpu":
+        return 0
+    shape, coords = _rotary_tables(node)
+    return (2 * math.prod(shape) + coords) * compute_dtype(node.output_type.dtype).itemsize
+
+
 def _cpu_rotary(node: Node):
+    """cos θ and sin θ are computed once per (coordinate, pair) with NumPy's vectorised sin and
+    cos (the value's other axes, heads say, share them), then the rotation is one loop nest."""
     from runtime.backends import cpu_codegen as cg
 
     vt, ct = node.input_types
     position, width, pairs = _rotary_layout(node)
     dt = cg.numba_type(vt.dtype, node.path, "position-rotary")
-    co_dt = cg.numba_type(ct.dtype, node.path, "position-rotary")
+    cg.numba_type(ct.dtype, node.path, "position-rotary")
     omega = _node_frequencies(node, width)
     pattern = cg.broadcast_axes(ct, pairs)
+    table_shape, _ = _rotary_tables(node)
+    coord_shape = tuple(1 if k == position else n for k, n in enumerate(table_shape))
+    omega_shape = tuple(len(omega) if k == position else 1 for k in range(vt.rank))
+    omega = omega.reshape(omega_shape)
     slicer = tuple(slice(0, 1) if b else slice(None) for b in pattern)
     rank = vt.rank
-    args = [("v", dt, rank, False), ("co", co_dt, rank, False), ("om", dt, 1, False),
-            ("out", dt, rank, True)]
-    body = _rotary_body(rank, position, pattern, "_u(1)")
-    label = f"position-rotary feature axis {position} of rank {rank} {dt} from {co_dt}"
+    args = [("v", dt, rank, False), ("tc", dt, rank, False), ("ts", dt, rank, False), ("out", dt, rank, True)]
+    body = _rotary_table_body(rank, position, pattern, "_u(1)")
+    label = f"position-rotary feature axis {position} of rank {rank} {dt} by tables"
     kernel = cg.NestKernel("posrot", lambda par: cg.render(
-        label, args, cg.loop_nest([f"out.shape[{k}]" if k != position else "om.shape[0]"
-                                   for k in range(rank)], body, par), par))
+        label, args, cg.loop_nest([f"{'tc' if k == position else 'out'}.shape[{k}]" for k in range(rank)],
+                            body, par), par))
     space = pairs.shape
-    work = vt.elements * 8  # a sine and a cosine per pair: weigh the work as several elements
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         value, coords = inputs
-        co = cg.contiguous(align_to(np.asarray(coords), ct, pairs), slicer)
-        kernel([cg.contiguous(value), co, omega, out], space, work)
+        p = align_to(np.asarray(coords), ct, pairs)[slicer].reshape(coord_shape).astype(omega.dtype, order="C")
+        theta = p * omega
+        cos = np.cos(theta)
+        np.sin(theta, out=theta)
+        kernel([cg.contiguous(value), cos, theta, out], space)
     return run
 
 
@@ -334,5 +374,6 @@ SPECS = [
     AtomSpec(name="position-rotary", refs=refs_for("position-rotary"), inputs=("value", "coordinates"),
              attributes=frozenset({"feature_axis", "base"}), infer=infer_rotary,
              kernels={"reference": _ref_rotary, "cpu": _cpu_rotary, "cuda": _cuda_rotary},
+             scratch_bytes=rotary_scratch,
              summary="rotary embedding: adjacent feature pairs rotated by coordinate x frequency"),
 ]

@@ -297,3 +297,12 @@ def test_half_programs_on_devices_match_reference(dtype):
             (one("position-sinusoidal", [("p", ["S"], [2], dtype)], SIN(size=3), ["S", "F"], [2, 3], dtype),
              {"p": x[:, 0].copy()})]:
         assert_backends_agree(program, inputs, backends=("cpu", "cuda"))
+
+
+def test_rotary_cpu_tables_are_declared_scratch():
+    from runtime.atomspec import bind_node
+
+    node = bind_node(SPEC["position-rotary"], ROT(), [T("SHF", [3, 5, 8]), T("S", [3], "int64")])
+    # cos and sin per (coordinate, pair): 3 x 4 each, shared by the 5 heads; the coordinates in c
+    assert SPEC["position-rotary"].scratch_bytes(node, "cpu") == (2 * 3 * 4 + 3) * 4
+    assert SPEC["position-rotary"].scratch_bytes(node, "cuda") == 0
