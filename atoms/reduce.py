@@ -163,23 +163,35 @@ _sum_task_jit = None  # _sum_task compiled: a global the two wrappers resolve wh
 _jitted: dict[str, object] = {}
 
 
-def _cpu_kernel(parallel: bool):
-    """The njit kernel (compiled per dtype on first use, cached on disk). The serial and the
-    parallel one are distinct functions: Numba's disk cache tells functions apart by name and
-    line, not by their ``parallel`` flag, so one function compiled both ways would load one
-    variant's machine code for the other."""
-    global _sum_task_jit
-    if not _jitted:
+def _compile_variants(cache: dict[str, object], task, serial, parallel, task_global: str) -> dict[str, object]:
+    """The task and its serial and parallel drivers, compiled once (per dtype on first use,
+    cached on disk); ``task_global`` names the module global the drivers call the task by. The
+    drivers are distinct functions: Numba's disk cache tells functions apart by name and line,
+    not by their ``parallel`` flag, so one function compiled both ways would load one variant's
+    machine code for the other."""
+    if not cache:
         from numba import njit
 
         from runtime.codegen import configure_numba_cache
 
         configure_numba_cache()
         options = dict(cache=True, nogil=True, error_model="numpy")
-        _sum_task_jit = njit(**options)(_sum_task)
-        _jitted["serial"] = njit(**options)(_sum_serial)
-        _jitted["parallel"] = njit(parallel=True, **options)(_sum_parallel)
-    return _jitted["parallel" if parallel else "serial"]
+        globals()[task_global] = njit(**options)(task)
+        cache["serial"] = njit(**options)(serial)
+        cache["parallel"] = njit(parallel=True, **options)(parallel)
+    return cache
+
+
+def _cpu_kernel(parallel: bool):
+    variants = _compile_variants(_jitted, _sum_task, _sum_serial, _sum_parallel, "_sum_task_jit")
+    return variants["parallel" if parallel else "serial"]
+
+
+def _split(node: Node) -> tuple[int, int, int]:
+    """The value as ``[outer, K, inner]`` around the reduced axis K."""
+    shape = node.input_types[0].shape
+    position = node.input_types[0].axes.index(node.attributes["axis"])
+    return math.prod(shape[:position]), shape[position], math.prod(shape[position + 1:])
 
 
 def _cpu(node: Node, checked: Sequence[int] = ()):
@@ -192,9 +204,7 @@ def _cpu(node: Node, checked: Sequence[int] = ()):
 
     _check_device(node, "cpu")
     cg.numba_type(node.input_types[0].dtype, node.path, "reduce")
-    shape = node.input_types[0].shape
-    position = node.input_types[0].axes.index(node.attributes["axis"])
-    outer, k, inner = math.prod(shape[:position]), shape[position], math.prod(shape[position + 1:])
+    outer, k, inner = _split(node)
     parallel = outer * k * inner >= PARALLEL_MIN_WORK
     kernel = _cpu_kernel(parallel)
     block, ntask = INNER_BLOCK, 1
@@ -341,19 +351,9 @@ _jitted2: dict[str, object] = {}
 
 
 def _extreme_kernel(parallel: bool):
-    """Serial and parallel kernels as distinct functions (see ``_cpu_kernel``)."""
-    global _extreme_task_jit
-    if not _jitted2:
-        from numba import njit
-
-        from runtime.codegen import configure_numba_cache
-
-        configure_numba_cache()
-        options = dict(cache=True, nogil=True, error_model="numpy")
-        _extreme_task_jit = njit(**options)(_extreme_task)
-        _jitted2["serial"] = njit(**options)(_extreme_serial)
-        _jitted2["parallel"] = njit(parallel=True, **options)(_extreme_parallel)
-    return _jitted2["parallel" if parallel else "serial"]
+    variants = _compile_variants(_jitted2, _extreme_task, _extreme_serial, _extreme_parallel,
+                                 "_extreme_task_jit")
+    return variants["parallel" if parallel else "serial"]
 
 
 def _cpu2(node: Node):
@@ -362,11 +362,8 @@ def _cpu2(node: Node):
     from runtime.backends import cpu_codegen as cg
 
     _check_device2(node, "cpu")
-    t = node.input_types[0]
     mode = node.attributes["mode"]
-    shape = t.shape
-    position = t.axes.index(node.attributes["axis"])
-    outer, k, inner = math.prod(shape[:position]), shape[position], math.prod(shape[position + 1:])
+    outer, k, inner = _split(node)
     if mode in ("sum", "mean"):
         node1 = attrs.evolve(node, attributes={"axis": node.attributes["axis"], "mode": "sum",
                                                "accumulation_dtype": "activation"})
