@@ -335,11 +335,13 @@ def _cpu_affine(node: Node):
 
 
 def fourier_scratch(node: Node, backend: str) -> int:
-    """Bytes of the shift tables: per (b, t), real and imaginary g_H and g_W."""
-    b, t = node.output_type.shape[:2]
+    """Bytes of the shift tables: per (b, t), real and imaginary g_H and g_W (on cuda made on
+    the host from a host copy of the states, then copied to the device)."""
+    b, t = node.input_types[1].shape[:2]
     h, w = node.attributes["spatial_shape"]
     c = fourier_compute_dtype(node.input_types[0].dtype)
-    return b * t * 2 * (2 * h + 2 * w - 2) * c.itemsize
+    tables = b * t * 2 * (2 * h + 2 * w - 2) * c.itemsize
+    return tables if backend != "cuda" else 2 * tables + node.input_types[1].nbytes
 
 
 def _fourier_setup(node: Node):

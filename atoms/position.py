@@ -292,11 +292,21 @@ def _rotary_tables(node: Node) -> tuple[tuple[int, ...], int]:
 
 
 def rotary_scratch(node: Node, backend: str) -> int:
-    """The CPU's tables: the coordinates in c, then cos θ and sin θ per (coordinate, pair)."""
+    """The CPU's tables: the coordinates in c, then cos θ and sin θ per (coordinate, pair);
+    on a device, the frequency table it holds."""
     if backend != "cpu":
-        return 0
+        return frequency_scratch(node, backend)
     shape, coords = _rotary_tables(node)
     return (2 * math.prod(shape) + coords) * compute_dtype(node.output_type.dtype).itemsize
+
+
+def frequency_scratch(node: Node, backend: str) -> int:
+    """A cuda kernel's frequency table, copied to the device when the kernel is made."""
+    if backend != "cuda":
+        return 0
+    width = node.output_type.shape[-1] if node.atom.name == "position-sinusoidal" else \
+        _rotary_layout(node)[1]
+    return -(-width // 2) * compute_dtype(node.output_type.dtype).itemsize
 
 
 def _cpu_rotary(node: Node):
@@ -365,6 +375,7 @@ SPECS = [
              attributes=frozenset({"feature_axis", "feature_size", "dtype", "base"}),
              infer=infer_sinusoidal,
              kernels={"reference": _ref_sinusoidal, "cpu": _cpu_sinusoidal, "cuda": _cuda_sinusoidal},
+             scratch_bytes=frequency_scratch,
              summary="interleaved sin/cos features of coordinates along a new last axis"),
     AtomSpec(name="position-relative", refs=refs_for("position-relative"), inputs=("left", "right"),
              attributes=frozenset(), infer=infer_relative,

@@ -305,4 +305,5 @@ def test_rotary_cpu_tables_are_declared_scratch():
     node = bind_node(SPEC["position-rotary"], ROT(), [T("SHF", [3, 5, 8]), T("S", [3], "int64")])
     # cos and sin per (coordinate, pair): 3 x 4 each, shared by the 5 heads; the coordinates in c
     assert SPEC["position-rotary"].scratch_bytes(node, "cpu") == (2 * 3 * 4 + 3) * 4
-    assert SPEC["position-rotary"].scratch_bytes(node, "cuda") == 0
+    assert SPEC["position-rotary"].scratch_bytes(node, "cuda") == 4 * 4  # its frequencies on the device
+    assert SPEC["position-rotary"].scratch_bytes(node, "reference") == 0
