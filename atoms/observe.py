@@ -16,7 +16,7 @@ from numba import prange
 
 from runtime.atomspec import AtomSpec, InferContext, Node
 from runtime.errors import fail, json_kind
-from runtime.types import TensorType, numpy_dtype
+from runtime.types import TensorType, is_float, numpy_dtype
 
 from ._refs import refs_for
 
@@ -43,7 +43,7 @@ def _observed(ctx: InferContext) -> TensorType:
         ctx.mismatch(f"states' axis {t_axis!r} is also a value axis (axes {list(value.axes)})", 1)
     if mask.dtype != "boolean":
         ctx.mismatch(f"mask must be boolean, got {mask.dtype}", 2)
-    if activity.dtype != "boolean" and not _floating(activity.dtype):
+    if activity.dtype != "boolean" and not is_float(activity.dtype):
         ctx.mismatch(f"activity must be boolean or floating, got {activity.dtype}", 3)
     for k, t, like, what in ((2, mask, value, "value"), (3, activity, states, "states")):
         want = like.axes[:2]
@@ -53,10 +53,6 @@ def _observed(ctx: InferContext) -> TensorType:
         for axis, a, e in zip(want, t.sizes, like.sizes):
             ctx.require_extent(a, e, f"{ctx.atom.inputs[k]} axis {axis!r} and {what}'s", k)
     return ctx.output((b, t_axis, n, d), (value.sizes[0], states.sizes[1], value.sizes[1], value.sizes[2]))
-
-
-def _floating(dtype: str) -> bool:
-    return dtype in ("floating", "float16", "bfloat16", "float32", "float64")
 
 
 def _finite_positive(ctx: InferContext, key: str) -> float:

@@ -15,7 +15,7 @@ import numpy as np
 from runtime.atomspec import AtomSpec, InferContext, Node, ScalarOp
 from runtime.errors import json_kind
 from runtime.layout import align_to
-from runtime.types import NAME_RE, TensorType, numpy_dtype
+from runtime.types import NAME_RE, TensorType
 
 from ._refs import refs_for
 from .elementwise import _cpu as _elementwise_cpu, _cuda as _elementwise_cuda
