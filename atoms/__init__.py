@@ -9,7 +9,8 @@ import importlib
 
 from runtime.hookspecs import hookimpl
 
-FAMILIES = ("contract", "elementwise", "reduce", "softmax", "layout", "indexing", "window", "segment")
+FAMILIES = ("contract", "elementwise", "reduce", "softmax", "layout", "indexing", "window", "segment",
+            "position", "observe")
 
 
 def all_specs():

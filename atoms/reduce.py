@@ -10,12 +10,14 @@ import math
 import os
 from collections.abc import Sequence
 
+import attrs
 import numpy as np
 from numba import prange
 
 from runtime.atomspec import AtomSpec, InferContext, Node
 from runtime.errors import fail
 from runtime.types import TensorType, accumulation_dtype, numpy_dtype
+from runtime.vmath import vexp
 
 from ._refs import refs_for
 
@@ -162,23 +164,36 @@ _sum_task_jit = None  # _sum_task compiled: a global the two wrappers resolve wh
 _jitted: dict[str, object] = {}
 
 
-def _cpu_kernel(parallel: bool):
-    """The njit kernel (compiled per dtype on first use, cached on disk). The serial and the
-    parallel one are distinct functions: Numba's disk cache tells functions apart by name and
-    line, not by their ``parallel`` flag, so one function compiled both ways would load one
-    variant's machine code for the other."""
-    global _sum_task_jit
-    if not _jitted:
+def _compile_variants(cache: dict[str, object], task, serial, parallel, task_global: str,
+                      fastmath=False) -> dict[str, object]:
+    """The task and its serial and parallel drivers, compiled once (per dtype on first use,
+    cached on disk); ``task_global`` names the module global the drivers call the task by. The
+    drivers are distinct functions: Numba's disk cache tells functions apart by name and line,
+    not by their ``parallel`` flag, so one function compiled both ways would load one variant's
+    machine code for the other."""
+    if not cache:
         from numba import njit
 
         from runtime.codegen import configure_numba_cache
 
         configure_numba_cache()
         options = dict(cache=True, nogil=True, error_model="numpy")
-        _sum_task_jit = njit(**options)(_sum_task)
-        _jitted["serial"] = njit(**options)(_sum_serial)
-        _jitted["parallel"] = njit(parallel=True, **options)(_sum_parallel)
-    return _jitted["parallel" if parallel else "serial"]
+        globals()[task_global] = njit(fastmath=fastmath, **options)(task)
+        cache["serial"] = njit(**options)(serial)
+        cache["parallel"] = njit(parallel=True, **options)(parallel)
+    return cache
+
+
+def _cpu_kernel(parallel: bool):
+    variants = _compile_variants(_jitted, _sum_task, _sum_serial, _sum_parallel, "_sum_task_jit")
+    return variants["parallel" if parallel else "serial"]
+
+
+def _split(node: Node) -> tuple[int, int, int]:
+    """The value as ``[outer, K, inner]`` around the reduced axis K."""
+    shape = node.input_types[0].shape
+    position = node.input_types[0].axes.index(node.attributes["axis"])
+    return math.prod(shape[:position]), shape[position], math.prod(shape[position + 1:])
 
 
 def _cpu(node: Node, checked: Sequence[int] = ()):
@@ -191,9 +206,7 @@ def _cpu(node: Node, checked: Sequence[int] = ()):
 
     _check_device(node, "cpu")
     cg.numba_type(node.input_types[0].dtype, node.path, "reduce")
-    shape = node.input_types[0].shape
-    position = node.input_types[0].axes.index(node.attributes["axis"])
-    outer, k, inner = math.prod(shape[:position]), shape[position], math.prod(shape[position + 1:])
+    outer, k, inner = _split(node)
     parallel = outer * k * inner >= PARALLEL_MIN_WORK
     kernel = _cpu_kernel(parallel)
     block, ntask = INNER_BLOCK, 1
@@ -246,3 +259,182 @@ SPECS = [
              kernel_counts_nonfinite=frozenset({"cpu"}),
              summary="sum over one axis in index order (deterministic); the axis is removed"),
 ]
+
+
+# --- reduce@2 (SPEC §3b): sum, mean, amax, logsumexp in c(acc, d), rounded once ---------------
+
+MODES_V2 = ("sum", "mean", "amax", "logsumexp")
+FLOAT_KERNEL_DTYPES = ("float32", "float64")  # half operands arrive widened (SPEC §3b.1)
+
+
+def infer_reduce2(ctx: InferContext) -> TensorType:
+    axis = ctx.axis_of("axis", 0)
+    ctx.attr_str("mode", MODES_V2)
+    ctx.accumulation()
+    ctx.require_dtype(0, "floating")
+    t = ctx.operands[0]
+    keep = [k for k, a in enumerate(t.axes) if a != axis]
+    return ctx.output([t.axes[k] for k in keep], [t.sizes[k] for k in keep])
+
+
+def compute_dtype(dtype: str) -> np.dtype:
+    """The dtype reduce@2 computes in: float64 for float64, float32 otherwise. For half
+    operands under ``activation`` this is also arti's (torch sums and exps half in float32)."""
+    return np.dtype(np.float64 if dtype == "float64" else np.float32)
+
+
+def reduce2_numpy(x: np.ndarray, position: int, mode: str) -> np.ndarray:
+    """The oracle: ``mode`` over axis ``position`` of ``x`` (already in the compute dtype)."""
+    with np.errstate(all="ignore"):
+        if mode == "sum":
+            return x.sum(axis=position)
+        if mode == "mean":
+            return x.sum(axis=position) / x.dtype.type(x.shape[position])
+        m = x.max(axis=position)
+        if mode == "amax":
+            return m
+        shift = np.where(np.isinf(m), x.dtype.type(0), m)  # ±inf maxima: shift by 0 (SPEC)
+        s = np.exp(x - np.expand_dims(shift, position)).sum(axis=position)
+        return shift + np.log(s)
+
+
+def _reference2(node: Node):
+    t = node.input_types[0]
+    position = t.axes.index(node.attributes["axis"])
+    mode = node.attributes["mode"]
+    c = compute_dtype(t.dtype)
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        with np.errstate(over="ignore"):  # rounding to a half dtype may overflow to inf
+            out[...] = reduce2_numpy(np.asarray(inputs[0]).astype(c), position, mode)
+    return run
+
+
+def _check_device2(node: Node, backend: str) -> None:
+    dtype = node.input_types[0].dtype
+    if dtype not in FLOAT_KERNEL_DTYPES:
+        fail("backend_unavailable", node.path,
+             f"reduce@2 has no {backend} kernel for {dtype} operands; use backend='reference'")
+
+
+def _extreme_task(x, out, outer, k, inner, logsumexp, t, ntask):
+    """Task ``t`` of ``ntask``: amax (or, with ``logsumexp``, m + log Σ exp(x − m)) of each
+    column of flat C-order ``x`` ``[outer, k, inner]`` into ``out`` ``[outer, inner]``. A ±inf
+    maximum is already the logsumexp (SPEC's shift by 0 gives the same), NaN stays NaN."""
+    ncol = outer * inner
+    for col in range(t * ncol // ntask, (t + 1) * ncol // ntask):
+        o = col // inner
+        base = o * k * inner + (col - o * inner)
+        m = x[base]
+        for j in range(1, k):
+            v = x[base + j * inner]
+            if v > m or v != v:  # a NaN entry stays the maximum (as np.max)
+                m = v
+        if logsumexp and math.isfinite(m):
+            s = m - m  # 0 in the compute dtype
+            for j in range(k):
+                s += vexp(x[base + j * inner] - m)
+            m = m + math.log(s)
+        out[col] = m
+
+
+def _extreme_serial(x, out, outer, k, inner, logsumexp, ntask):
+    for t in range(ntask):
+        _extreme_task_jit(x, out, outer, k, inner, logsumexp, t, ntask)
+
+
+def _extreme_parallel(x, out, outer, k, inner, logsumexp, ntask):
+    for w in prange(ntask):
+        _extreme_task_jit(x, out, outer, k, inner, logsumexp, np.int64(w), ntask)
+
+
+_extreme_task_jit = None
+_jitted2: dict[str, object] = {}
+
+
+def _extreme_kernel(parallel: bool):
+    # reassociation lets the exponential sums vectorise (reduce@2 fixes no summation order)
+    variants = _compile_variants(_jitted2, _extreme_task, _extreme_serial, _extreme_parallel,
+                                 "_extreme_task_jit", fastmath={"reassoc"})
+    return variants["parallel" if parallel else "serial"]
+
+
+def _cpu2(node: Node):
+    """sum and mean run reduce@1's parallel sum kernel (any order is allowed here, and index
+    order is one), mean then divides; amax and logsumexp run a kernel of column tasks."""
+    from runtime.backends import cpu_codegen as cg
+
+    _check_device2(node, "cpu")
+    mode = node.attributes["mode"]
+    outer, k, inner = _split(node)
+    if mode in ("sum", "mean"):
+        node1 = attrs.evolve(node, attributes={"axis": node.attributes["axis"], "mode": "sum",
+                                               "accumulation_dtype": "activation"})
+        summed = _cpu(node1)
+
+        def run_sum(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+            summed(inputs, out)
+            if mode == "mean":
+                np.divide(out, out.dtype.type(k), out=out)
+        return run_sum
+    parallel = outer * k * inner >= PARALLEL_MIN_WORK
+    kernel = _extreme_kernel(parallel)
+    ntask = 1
+    if parallel:
+        import numba
+
+        ntask = max(1, min(outer * inner, numba.get_num_threads() * TASKS_PER_THREAD))
+    logsumexp = mode == "logsumexp"
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        x = cg.contiguous(inputs[0])
+        kernel(x.reshape(-1), out.reshape(-1), outer, k, inner, logsumexp, ntask)
+    return run
+
+
+def _body2(position: int, space_rank: int, mode: str) -> list[str]:
+    names = [f"i{k}" for k in range(space_rank)]
+
+    def at(k: str) -> str:
+        return ", ".join(names[:position] + [k] + names[position:])
+    n = f"v.shape[{position}]"
+    if mode in ("sum", "mean"):
+        lines = [f"s = v[{at('0')}]", f"for k in range(1, {n}):", f"    s += v[{at('k')}]"]
+        result = "s / " + n if mode == "mean" else "s"
+    else:
+        lines = [f"m = v[{at('0')}]", f"for k in range(1, {n}):", f"    x = v[{at('k')}]",
+                 "    if x > m or x != x:", "        m = x"]
+        result = "m"
+        if mode == "logsumexp":
+            lines += ["if math.isfinite(m):", "    s = m - m",
+                      f"    for k in range({n}):", f"        s += math.exp(v[{at('k')}] - m)",
+                      "    m = m + math.log(s)"]
+    return lines + [f"out[{', '.join(names)}] = {result}"]
+
+
+def _cuda2(node: Node):
+    from runtime.backends import cuda_codegen as cg
+
+    _check_device2(node, "cuda")
+    position, rank, lead = _layout(node)
+    space = [k for k in range(rank) if k != position]
+    mode = node.attributes["mode"]
+    source = cg.render(f"reduce@2 {mode} axis {position} of rank {rank}", ["v", "out"],
+                       [f"v.shape[{k}]" for k in space], _body2(position, len(space), mode))
+    kernel = cg.SpaceKernel("cureduce2", source)
+    shape = node.input_types[0].shape
+    n = max(1, node.output_type.elements)
+
+    def run(inputs, out) -> None:
+        v = inputs[0]
+        if lead:
+            v, out = v.reshape((1,) + shape), out.reshape((1,))
+        kernel([v, out], n)
+    return run
+
+
+SPECS.append(
+    AtomSpec(name="reduce@2", refs=refs_for("reduce", 2), inputs=("value",),
+             attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce2,
+             kernels={"reference": _reference2, "cpu": _cpu2, "cuda": _cuda2},
+             summary="sum, mean, amax or logsumexp (stable) over one axis; the axis is removed"))

@@ -140,6 +140,41 @@ masked_softmax = AtomCase(
     lambda rng: _inputs(z=_normal(rng, (SH, ST, ST), 2.0), mask=np.tril(np.ones((ST, ST), dtype=bool))),
     _masked_softmax, rtol=1e-5, atol=1e-6)
 
+reduce_lse = AtomCase("reduce@2-logsumexp-last",
+                      _one("reduce@2", {"x": _square}, {"axis": "D", "mode": "logsumexp", **ACC}, {"T": N}),
+                      lambda rng: _inputs(x=_normal(rng, (N, D), 3.0)),
+                      lambda v: (lambda x=v["inputs"]["x"]: (lambda m: m[:, 0] + np.log(
+                          np.exp(x - m).sum(axis=1)))(x.max(axis=1, keepdims=True))),
+                      rtol=1e-5, atol=1e-5)
+
+# --- position ------------------------------------------------------------------------------
+RB, RS, RH, RD = 2, 256, 8, 64
+_qkv = {"B": RB, "S": RS, "H": RH, "D": RD}
+
+
+def _rotary(v):
+    """Adjacent pairs rotated by position × base^(−2i/D), as a NumPy user writes it."""
+    x, pos = v["inputs"]["q"], v["inputs"]["pos"]
+    omega = np.exp(np.arange(0, RD, 2, dtype=np.float32) * np.float32(-math.log(10000.0) / RD))
+
+    def run():
+        theta = pos.astype(np.float32)[:, :, None, None] * omega  # [B, S, 1, D/2]
+        c, s = np.cos(theta), np.sin(theta)
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = x0 * c - x1 * s
+        out[..., 1::2] = x0 * s + x1 * c
+        return out
+    return run
+
+
+rotary = AtomCase(
+    "position-rotary-heads",
+    _one("position-rotary", {"q": _qkv, "pos": {"B": RB, "S": RS}}, {"feature_axis": "D", "base": 10000.0},
+         _qkv, dtypes={"pos": "int64"}),
+    lambda rng: _inputs(q=_normal(rng, (RB, RS, RH, RD)), pos=np.tile(np.arange(RS), (RB, 1))),
+    _rotary, rtol=1e-4, atol=1e-4)
+
 # --- indexing, layout -----------------------------------------------------------------------
 V, DE, NT = 8192, 256, 4096
 lookup = AtomCase(
@@ -200,4 +235,4 @@ window = AtomCase(
         np.pad(x, ((0, 0), (WK - 1, 0))), WK, axis=1).copy()))
 
 CASES = (contract_matmul, contract_batched, scalar_silu, scalar_gelu, add, scale, reduce_sum,
-         masked_softmax, lookup, gather, permute, segment_mean, window)
+         masked_softmax, lookup, gather, permute, segment_mean, window, reduce_lse, rotary)

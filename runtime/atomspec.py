@@ -218,7 +218,7 @@ def bind_node(spec: AtomSpec, attributes: Mapping[str, Any], input_types: Sequen
     Used by the planner, and by atom tests that drive kernels without a whole program."""
     path = f"$.instructions[{index}]"
     slots = tuple(f"in{k}" for k in range(len(input_types)))
-    ctx = InferContext(spec, path, attributes, input_types, slots, dims)
+    ctx = InferContext(spec, path, attributes, input_types, slots, dims, planning=True)
     out = spec.infer(ctx)
     return Node(index, instruction_id, spec, attributes, slots, f"%{instruction_id}",
                 tuple(input_types), out, path)

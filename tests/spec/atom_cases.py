@@ -105,6 +105,37 @@ def _cases():
     add("reduce", lambda: one("reduce", [("v", ["N", "M"], [2, 3], "float32")],
                               {"axis": "M", "mode": "sum", "accumulation_dtype": "float32"},
                               ["N"], [2]), {"v": X23}, np.array([6.0, 15.0]))
+    lse = np.array([[1e4, -1e4, 1e4], [1.0, 2.0, 3.0]], np.float32)
+    add("reduce@2-logsumexp", lambda: one("reduce@2", [("v", ["N", "M"], [2, 3], "float32")],
+                                          {"axis": "M", "mode": "logsumexp", "accumulation_dtype": "float32"},
+                                          ["N"], [2]),
+        {"v": lse}, np.array([1e4 + math.log(2), 3 + math.log(1 + math.exp(-1) + math.exp(-2))]))
+    add("reduce@2-mean", lambda: one("reduce@2", [("v", ["N", "M"], [2, 3], "float32")],
+                                     {"axis": "N", "mode": "mean", "accumulation_dtype": ACT}, ["M"], [3]),
+        {"v": X23}, X23.mean(axis=0))
+    add("position-sinusoidal", lambda: one(
+        "position-sinusoidal", [("p", ["S"], [2], "int64")],
+        {"feature_axis": "F", "feature_size": 3, "dtype": "floating", "base": 100.0},
+        ["S", "F"], [2, 3], "floating"), {"p": np.array([0, 2], np.int64)},
+        np.array([[0, 1, 0], [math.sin(2), math.cos(2), math.sin(2 * 100 ** (-2 / 3))]]))
+    add("position-relative", lambda: one(
+        "position-relative", [("a", ["I"], [2], "float32"), ("b", ["J"], [3], "float32")], {},
+        ["I", "J"], [2, 3]), {"a": ROW3[:2], "b": ROW3}, ROW3[:2, None] - ROW3[None, :])
+    add("position-rotary", lambda: one(
+        "position-rotary", [("v", ["S", "F"], [2, 2], "float32"), ("p", ["S"], [2], "float32")],
+        {"feature_axis": "F", "base": 10000.0}, ["S", "F"], [2, 2]),
+        {"v": np.array([[1, 2], [1, 0]], np.float32), "p": np.array([0, 0.5], np.float32)},
+        np.array([[1, 2], [math.cos(0.5), math.sin(0.5)]]))
+    obs = [("v", ["B", "N", "D"], [1, 4, 1], "float32"), ("s", ["B", "T", "S"], [1, 1, 2], "float32"),
+           ("m", ["B", "N"], [1, 4], "boolean"), ("a", ["B", "T"], [1, 1], "boolean")]
+    obs_in = {"v": f32(1, 4, 1), "s": np.array([[[1.0, 1.0]]], np.float32),
+              "m": np.array([[True, True, False, True]]), "a": np.array([[True]])}
+    add("observe-identity", lambda: one("observe-identity", obs, {}, ["B", "T", "N", "D"], [1, 1, 4, 1]),
+        obs_in, np.array([1.0, 2.0, 0.0, 4.0]).reshape(1, 1, 4, 1))
+    add("observe-fourier", lambda: one(  # a 2x2 image rolled by one pixel each way
+        "observe-fourier", obs, {"spatial_shape": [2, 2], "state_mode": "cartesian",
+                                 "direction_epsilon": 1e-6, "compile_policy": "safe_training"},
+        ["B", "T", "N", "D"], [1, 1, 4, 1]), obs_in, np.array([4.0, 3.0, 0.0, 1.0]).reshape(1, 1, 4, 1))
     add("reshape", lambda: one("reshape", [("v", ["N", "M"], [2, 3], "float32")],
                                {"output_axes": ["P", "Q"], "output_sizes": [3, 2]},
                                ["P", "Q"], [3, 2]), {"v": X23}, X23.reshape(3, 2))
