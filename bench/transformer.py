@@ -119,6 +119,4 @@ def write_example(full: bool = True) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
-    write_example(full="--available" not in sys.argv)
+    write_example()

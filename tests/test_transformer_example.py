@@ -13,30 +13,19 @@ from runtime.testing import assert_backends_agree
 SMALL = {"D": 16, "H": 2, "Dh": 8, "F": 32}  # small enough for the CUDA simulator
 
 
-def _available(full: bool) -> bool:
-    try:
-        runtime.load_program(transformer_block_program(full, SMALL))
-    except runtime.FormulaError as exc:
-        if exc.code == "unknown_atom":  # scalar-map@2 and cast@1 come with the half-precision work
-            return False
-        raise
-    return True
-
-
 def test_example_file_is_the_generated_program():
     program = json.loads(EXAMPLE_PATH.read_text())
-    available = transformer_block_program(False)
-    assert program in (transformer_block_program(True), available)
-    if program == available or _available(True):
-        runtime.load_program(EXAMPLE_PATH)
+    assert program == transformer_block_program(True)  # regenerate: python -m bench.transformer
+    runtime.load_program(EXAMPLE_PATH)
 
 
-@pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=False, reason="scalar-map@2, cast@1 and float16 on cpu/cuda (part A)"))])
+@pytest.mark.parametrize("full", [False, True])
 def test_block_matches_reference_on_every_backend(full):
     program = transformer_block_program(full, SMALL)
     data = transformer_block_data(5, full, SMALL)
-    out = assert_backends_agree(program, data["inputs"], data["banks"], backends=("cpu", "cuda"))
+    # the full block's down projection runs in float16: its rounding sets the tolerance
+    tol = {"rtol": 1e-2, "atol": 1e-2} if full else {}
+    out = assert_backends_agree(program, data["inputs"], data["banks"], backends=("cpu", "cuda"), **tol)
     (value,) = out.values()
     assert value.shape == (5, SMALL["D"]) and np.all(np.isfinite(value))
     # causal: the first token's output depends on the first token only

@@ -194,15 +194,9 @@ SEG_WANT = {"sum": [[4, 0, 2], [14, 0, -7]], "mean": [[2, 0, 2], [7, 0, -7]], "a
 
 
 def execute(prog, inputs, backend):
-    """``runtime.execute``; a half program that the cpu/cuda planner cannot yet widen to float32
-    (the half-precision planner rule, part A) is an expected failure until that rule lands."""
-    try:
-        (out,) = runtime.execute(prog, inputs=inputs, banks={}, backend=backend).values()
-        return out
-    except FormulaError as err:
-        if err.code == "backend_unavailable" and "float16" in err.message and backend != "reference":
-            pytest.xfail("half-precision planner rule (part A)")
-        raise
+    """The one output of ``runtime.execute`` on ``backend``."""
+    (out,) = runtime.execute(prog, inputs=inputs, banks={}, backend=backend).values()
+    return out
 
 
 def _segment(mode, dtype, backend):

@@ -16,7 +16,6 @@ from runtime.types import TensorType
 
 SPEC = {s.name: s for s in REDUCE + POSITION}
 BACKENDS = ("reference", "cpu", "cuda")
-HALF = pytest.mark.xfail(strict=False, reason="half-precision planner rule (part A)")
 
 
 def T(axes, sizes, dtype="float32", domain="d"):
@@ -277,7 +276,6 @@ def test_rotary_and_sinusoidal_cpu_match_reference(seed, order, pairs, coord_axe
                                        run(name, attributes, types, values), rtol=2e-5, atol=2e-5)
 
 
-@HALF
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_programs_on_devices_match_reference(dtype):
     """Half operands through the planner (widened to float32, rounded once): every device agrees."""
@@ -294,7 +292,7 @@ def test_half_programs_on_devices_match_reference(dtype):
              {"v": x}),
             (one("position-rotary", [("v", ["S", "F"], [2, 4], dtype), ("p", ["S"], [2], "int64")],
                  ROT(), ["S", "F"], [2, 4], dtype), {"v": x, "p": np.array([0, 3])}),
-            (one("position-sinusoidal", [("p", ["S"], [2], dtype)], SIN(size=3), ["S", "F"], [2, 3], dtype),
+            (one("position-sinusoidal", [("p", ["S"], [2], dtype)], SIN(size=3, dtype=dtype), ["S", "F"], [2, 3], dtype),
              {"p": x[:, 0].copy()})]:
         assert_backends_agree(program, inputs, backends=("cpu", "cuda"))
 
