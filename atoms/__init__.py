@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from runtime.hookspecs import hookimpl
+from runtime.plugins.hookspecs import hookimpl
 
 FAMILIES = ("contract", "elementwise", "reduce", "softmax", "layout", "indexing", "window", "segment",
             "position", "observe")

@@ -179,7 +179,7 @@ def _compile(kind: str, itemsize: int, parallel: bool) -> Callable:
     global _rows_jit, _strided_rows_jit, _indexed_rows_jit
     from numba import types
 
-    from runtime.codegen import configure_numba_cache
+    from runtime.kernels.codegen import configure_numba_cache
 
     configure_numba_cache()
     if _rows_jit is None:

@@ -21,14 +21,16 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from runtime import driver, simd, vmath
-from runtime.bindings import value_is_finite
-from runtime.driver import CompiledCall
-from runtime.codegen import configure_numba_cache, load_generated
-from runtime.errors import FormulaError
-from runtime.fusion import Epilogue
-from runtime.layout import keepdims_order
-from runtime.types import TensorType
+from runtime.execution import driver
+from runtime.kernels import simd
+from runtime.kernels import vmath
+from runtime.execution.bindings import value_is_finite
+from runtime.execution.driver import CompiledCall
+from runtime.kernels.codegen import configure_numba_cache, load_generated
+from runtime.core.errors import FormulaError
+from runtime.plan.fusion import Epilogue
+from runtime.kernels.layout import keepdims_order
+from runtime.core.types import TensorType
 
 from . import _microgemm as micro
 from ._blas import blas_operand, c_contiguous_layout, flat_operand, register_blas, single_threaded_blas
@@ -455,7 +457,7 @@ def cpu_anchor(node, epilogue: Epilogue, low: Lowering):
 
 def _compiled_call(kernel, guard, micro_guard, form, types, orders, shapes, dt, epilogue, out_type, scan_left, scan_right,
                    ints, tables, nwork, packs, no_pack) -> CompiledCall | None:
-    """``run``'s kernel arguments, as :mod:`runtime.driver` passes them, for C-contiguous operands:
+    """``run``'s kernel arguments, as :mod:`runtime.execution.driver` passes them, for C-contiguous operands:
     None when such an operand would still be copied or scanned in Python (see ``run``)."""
     operands = []
     for t, order, shape3 in zip(types, orders, shapes):

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from runtime.codegen import configure_numba_cache, load_generated
-from runtime.fusion import Epilogue
+from runtime.kernels.codegen import configure_numba_cache, load_generated
+from runtime.plan.fusion import Epilogue
 
 from ._gemm import Lowering, anchor_dtype, c_strides, group_offsets, keepdims_strides
 

@@ -22,7 +22,7 @@ import weakref
 
 import numpy as np
 
-from runtime import simd
+from runtime.kernels import simd
 
 # Where each form beats BLAS (measured on the seed's shapes; outside them BLAS is kept).
 DOT_MAX_N, DOT_MIN_K = 64, 256
@@ -243,7 +243,7 @@ def tile_function(form: str, dt: str, pack_left: bool = False) -> str:
     (``apk``: any array of the dtype when unused). One module per form, dtype and packing,
     shared by every contract kernel that uses it, so each is compiled once and cached: inlined
     into each kernel, it made every kernel's compilation longer."""
-    from runtime.codegen import configure_numba_cache, load_generated
+    from runtime.kernels.codegen import configure_numba_cache, load_generated
 
     body = dot_tile(dt, "    ") if form == "dot" else bcast_tile(dt, "    ", pack_left)
     what = f"{form} {dt}" + (" packed left" if pack_left else "")

@@ -15,7 +15,7 @@ import attrs
 import numpy as np
 from numba import njit
 
-from runtime.types import TensorType
+from runtime.core.types import TensorType
 
 # Below this many elements a row kernel runs serially (a parallel launch costs more).
 PARALLEL_MIN_ELEMENTS = int(os.environ.get("FORMULA_ROWS_PARALLEL_MIN", 1 << 16))

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.atomspec import AtomSpec, InferContext, Node
-from runtime.fusion import EMPTY_EPILOGUE, Epilogue
-from runtime.types import TensorType, accumulation_dtype, numpy_dtype
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plan.fusion import EMPTY_EPILOGUE, Epilogue
+from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
 from . import _gemm, _gemm_cuda
 from ._refs import refs_for
@@ -86,7 +86,7 @@ def infer_contract(ctx: InferContext) -> TensorType:
 
 
 def _kind(v) -> str:
-    from runtime.atomspec import _json_kind
+    from runtime.plugins.atomspec import _json_kind
 
     return _json_kind(v)
 

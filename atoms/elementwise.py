@@ -15,11 +15,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.atomspec import AtomSpec, InferContext, Node, ScalarOp
-from runtime.errors import fail
-from runtime.fusion import Epilogue, EpilogueStep
-from runtime.layout import align_to
-from runtime.types import TensorType, accumulation_dtype, numpy_dtype
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp
+from runtime.core.errors import fail
+from runtime.plan.fusion import Epilogue, EpilogueStep
+from runtime.kernels.layout import align_to
+from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
 from ._refs import refs_for
 

@@ -27,10 +27,10 @@ import attrs
 import numpy as np
 from numba import njit, prange
 
-from runtime.atomspec import AtomSpec, InferContext, Node
-from runtime.errors import fail
-from runtime.layout import align_to
-from runtime.types import TensorType, accumulation_dtype, is_float, numpy_dtype
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.core.errors import fail
+from runtime.kernels.layout import align_to
+from runtime.core.types import TensorType, accumulation_dtype, is_float, numpy_dtype
 
 from ._refs import refs_for
 from . import _copy, _rows

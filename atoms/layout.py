@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 import attrs
 import numpy as np
 
-from runtime.atomspec import AtomSpec, InferContext, Node
-from runtime.errors import fail
-from runtime.layout import align_to
-from runtime.types import NAME_RE, Size, TensorType
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.core.errors import fail
+from runtime.kernels.layout import align_to
+from runtime.core.types import NAME_RE, Size, TensorType
 
 from . import _copy
 from ._refs import refs_for
@@ -299,7 +299,7 @@ def mover_cpu(make_moves: Callable[[Node, Sequence[tuple[int, ...]]], list[Move]
 
 
 def _itemsize(t: TensorType) -> int:
-    from runtime.types import numpy_dtype
+    from runtime.core.types import numpy_dtype
 
     return numpy_dtype(t.dtype).itemsize
 

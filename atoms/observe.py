@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 from numba import prange
 
-from runtime.atomspec import AtomSpec, InferContext, Node
-from runtime.errors import fail, json_kind
-from runtime.types import TensorType, is_float, numpy_dtype
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.core.errors import fail, json_kind
+from runtime.core.types import TensorType, is_float, numpy_dtype
 
 from ._refs import refs_for
 
@@ -292,7 +292,7 @@ def _kernel(name: str):
     if not _jitted:
         from numba import njit
 
-        from runtime.codegen import configure_numba_cache
+        from runtime.kernels.codegen import configure_numba_cache
 
         configure_numba_cache()
         options = dict(cache=True, nogil=True, error_model="numpy", parallel=True)

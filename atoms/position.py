@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.atomspec import AtomSpec, InferContext, Node, ScalarOp
-from runtime.errors import json_kind
-from runtime.layout import align_to
-from runtime.types import NAME_RE, TensorType
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp
+from runtime.core.errors import json_kind
+from runtime.kernels.layout import align_to
+from runtime.core.types import NAME_RE, TensorType
 
 from ._refs import refs_for
 from .elementwise import _cpu as _elementwise_cpu, _cuda as _elementwise_cuda

@@ -14,10 +14,10 @@ import attrs
 import numpy as np
 from numba import prange
 
-from runtime.atomspec import AtomSpec, InferContext, Node
-from runtime.errors import fail
-from runtime.types import TensorType, accumulation_dtype, numpy_dtype
-from runtime.vmath import vexp
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.core.errors import fail
+from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
+from runtime.kernels.vmath import vexp
 
 from ._refs import refs_for
 
@@ -174,7 +174,7 @@ def _compile_variants(cache: dict[str, object], task, serial, parallel, task_glo
     if not cache:
         from numba import njit
 
-        from runtime.codegen import configure_numba_cache
+        from runtime.kernels.codegen import configure_numba_cache
 
         configure_numba_cache()
         options = dict(cache=True, nogil=True, error_model="numpy")
@@ -201,7 +201,7 @@ def _cpu(node: Node, checked: Sequence[int] = ()):
     the sums: every element is a term of one of them, and a NaN or ±inf term makes its sum NaN
     or ±inf (an overflowing sum of finite values also counts; the executor then finds the
     value finite and goes on)."""
-    from runtime import simd
+    from runtime.kernels import simd
     from runtime.backends import cpu_codegen as cg
 
     _check_device(node, "cpu")

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit, prange
 
-from runtime.atomspec import AtomSpec, InferContext, Node
-from runtime.errors import fail
-from runtime.layout import align_to
-from runtime.types import TensorType
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.core.errors import fail
+from runtime.kernels.layout import align_to
+from runtime.core.types import TensorType
 
 from . import _rows
 from ._refs import refs_for

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.atomspec import AtomSpec, InferContext, Node
-from runtime.errors import fail
-from runtime.layout import align_to
-from runtime.types import TensorType, accumulation_dtype, numpy_dtype
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.core.errors import fail
+from runtime.kernels.layout import align_to
+from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
 from ._refs import refs_for
 from .elementwise import require_mask

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit, prange
 
-from runtime.atomspec import AtomSpec, InferContext, Node
-from runtime.errors import fail, json_kind
-from runtime.types import NAME_RE, TensorType
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.core.errors import fail, json_kind
+from runtime.core.types import NAME_RE, TensorType
 
 from . import _rows
 from ._refs import refs_for

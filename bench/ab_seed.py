@@ -6,13 +6,13 @@ it is; every other variant switches one mechanism back off:
   each run writes fresh pages (what every run paid before the pool existed);
 - ``separate finiteness pass``: the binder scans every float binding again before the run
   (the kernels' own counting stays, so this is the cost of that extra pass);
-- ``libm exp``: generated CPU kernels call ``math.exp`` instead of ``runtime.vmath.vexp``;
+- ``libm exp``: generated CPU kernels call ``math.exp`` instead of ``runtime.kernels.vmath.vexp``;
 - ``4 tiles/thread``: the contract's CPU tiles at the former 4 per thread;
 - ``BLAS tiles``: the contract's row tiles computed by BLAS, not by the register-blocked
   micro-kernels of ``atoms._microgemm``;
 - ``banks per run``: the banks passed as arrays to every run (checked, and counted for
   finiteness by the kernels, each run) instead of loaded once by ``Executable.load_banks``;
-- ``kernel by kernel``: no compiled driver (``runtime.driver``): the plan's kernels launched
+- ``kernel by kernel``: no compiled driver (``runtime.execution.driver``): the plan's kernels launched
   one by one from Python;
 - ``bcast from 2048 rows``: ``h·Bᵀ`` by BLAS below 2048 rows (the micro-kernel's former
   threshold, before its right operand was packed in panels by a vectorised copy);
@@ -41,7 +41,7 @@ import numpy as np
 import atoms._gemm as gemm
 import atoms._microgemm as micro
 import runtime
-import runtime.vmath as vmath
+import runtime.kernels.vmath as vmath
 
 SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 import runtime
-from runtime.bindings import bind_values
+from runtime.execution.bindings import bind_values
 
 SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
 

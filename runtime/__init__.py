@@ -5,21 +5,21 @@
     b = runtime.ProgramBuilder()     # programs from Python (runtime.build), checked as they grow
 
 Public names are loaded on first use, so importing a submodule (an atom plugin importing
-``runtime.atomspec``) stays cheap.
+``runtime.plugins.atomspec``) stays cheap.
 """
 from __future__ import annotations
 
 import importlib
 
-from .codegen import configure_numba_cache as _configure_numba_cache
-from .errors import FormulaError
+from runtime.kernels.codegen import configure_numba_cache as _configure_numba_cache
+from runtime.core.errors import FormulaError
 
 _configure_numba_cache()  # before any @njit(cache=True) kernel is defined
 
 _LAZY = {
     "compile": "api", "execute": "api", "load_program": "api",
-    "BankOperand": "banks", "open_bank_store": "api",
-    "Executable": "executor", "Result": "executor", "Program": "model",
+    "BankOperand": "execution.banks", "open_bank_store": "api",
+    "Executable": "execution.executor", "Result": "execution.executor", "Program": "program.model",
     "ProgramBuilder": "build",
 }
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import loader
-from .executor import Executable, Result
-from .memory import no_memory_error
-from .model import Program
-from .errors import FormulaError, fail
-from .registry import Registry, default_registry
-from .validate import validate
+from runtime.program import loader
+from runtime.execution.executor import Executable, Result
+from runtime.plan.memory import no_memory_error
+from runtime.program.model import Program
+from runtime.core.errors import FormulaError, fail
+from runtime.plugins.registry import Registry, default_registry
+from runtime.program.validate import validate
 
 DEFAULT_BACKEND = "cpu"
 

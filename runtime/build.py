@@ -15,10 +15,10 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .atomspec import InferContext
-from .model import type_to_dict
-from .types import TensorType
-from .validate import check_signature
+from runtime.plugins.atomspec import InferContext
+from runtime.program.model import type_to_dict
+from runtime.core.types import TensorType
+from runtime.program.validate import check_signature
 
 DEFAULT_LIMITS = {
     "schema_ref": "arti/formula-limits@1", "schema_version": 1, "max_bindings": 32,
@@ -68,7 +68,7 @@ class ProgramBuilder:
 
     def op(self, atom: str, inputs: Sequence[str], attributes: Mapping[str, Any] | None = None,
            *, slot: str | None = None, step: int | None = None, ref: str | None = None) -> str:
-        from .registry import default_registry
+        from runtime.plugins.registry import default_registry
 
         registry = self.registry or default_registry()
         ref = ref or (atom if "@" in atom else f"arti/formula-atom-{atom}@1")

@@ -14,7 +14,7 @@ Every argument is checked before any work: the syntax by argparse, then repeated
 "message"}``; the text report and progress still go to stderr.
 
 Files: ``--inputs`` is an ``.npz`` or ``.safetensors`` file of arrays named by input binding;
-``--banks`` is a bank store (see ``runtime.banks`` for the key layout); ``--out`` writes the
+``--banks`` is a bank store (see ``runtime.execution.banks`` for the key layout); ``--out`` writes the
 outputs to an ``.npz`` named by slot id. ``--random`` makes normal floats, int64 in
 ``[0, --int-high)`` and random booleans for whatever ``--inputs``/``--banks`` do not provide.
 """
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import FormulaError, did_you_mean, fail
+from runtime.core.errors import FormulaError, did_you_mean, fail
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -98,7 +98,7 @@ def _count(minimum: int):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from runtime import __version__
 
     p = argparse.ArgumentParser(prog="formula", description="Run typed formula programs.")
     p.add_argument("--version", action="version", version=f"formula-runtime {__version__}")
@@ -184,9 +184,9 @@ def _check_files(args) -> None:
 def _prepare(args):
     """Check every argument, then load the program and compile it for ``--backend``:
     (executable, dims). Nothing proportional to the data has run yet."""
-    from .api import compile as compile_program
-    from .executor import check_dims
-    from .registry import default_registry
+    from runtime.api import compile as compile_program
+    from runtime.execution.executor import check_dims
+    from runtime.plugins.registry import default_registry
 
     dims = _checked_dims(args)
     _check_files(args)
@@ -210,7 +210,7 @@ class _CompileNotice(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno != logging.INFO:
             return
-        from .codegen import cache_dir
+        from runtime.kernels.codegen import cache_dir
 
         self.count += 1
         if self.started is None:
@@ -234,7 +234,7 @@ class _CompileNotice(logging.Handler):
 
 @contextlib.contextmanager
 def _compile_feedback():
-    from .compilelog import log
+    from runtime.kernels.compilelog import log
 
     notice = _CompileNotice(sys.stderr)
     level = log.level
@@ -251,7 +251,7 @@ def _compile_feedback():
 
 # --- commands ----------------------------------------------------------------------------
 def _validate(args) -> int:
-    from .api import load_program
+    from runtime.api import load_program
 
     program = load_program(Path(args.program))
     if args.json:
@@ -395,8 +395,8 @@ def _bench(args) -> int:
 
 
 def _atoms(args) -> int:
-    from . import diagnostics
-    from .registry import default_registry
+    from runtime.plugins import diagnostics
+    from runtime.plugins.registry import default_registry
 
     rows = diagnostics.atoms_table(default_registry())
     if args.json:
@@ -407,8 +407,8 @@ def _atoms(args) -> int:
 
 
 def _plugins(args) -> int:
-    from . import diagnostics
-    from .registry import default_registry
+    from runtime.plugins import diagnostics
+    from runtime.plugins.registry import default_registry
 
     rows = diagnostics.plugins_report(default_registry())
     if args.json:
@@ -432,7 +432,7 @@ def _values(exe, args, dims: dict[str, int]) -> tuple[dict[str, Any], Any]:
                  f"or --random for random values")
     banks: Any = None
     if args.banks:  # opening a store reads its index, not its arrays
-        from .api import open_bank_store
+        from runtime.api import open_bank_store
 
         banks = open_bank_store(Path(args.banks))
     inputs: dict[str, Any] | None = read_arrays(args.inputs, "$.inputs", program.limits, memory_limit) \
@@ -458,7 +458,7 @@ def _values(exe, args, dims: dict[str, int]) -> tuple[dict[str, Any], Any]:
 def _preflight(exe, dims: dict[str, int]) -> None:
     """The whole plan's §5 limits and the memory ceiling for these extents, when they fix
     every symbol of the bindings: before any random value is made."""
-    from .memory import check_working
+    from runtime.plan.memory import check_working
 
     symbols = {s for b in exe.program.bindings for s in b.value_type.sizes if isinstance(s, str)}
     if symbols and symbols <= set(dims):
@@ -490,9 +490,9 @@ def read_arrays(location: str, path: str, limits=None, memory_limit: int | None 
 
 
 def _check_headers(file: Path, suffix: str, path: str, limits, memory_limit: int | None) -> None:
-    from .banks import SAFETENSORS_DTYPES, npy_header
-    from .memory import check_shape, check_working
-    from .types import ITEMSIZE
+    from runtime.execution.banks import SAFETENSORS_DTYPES, npy_header
+    from runtime.plan.memory import check_shape, check_working
+    from runtime.core.types import ITEMSIZE
 
     if suffix == ".npz":
         with np.load(file, allow_pickle=False) as z:
@@ -514,7 +514,7 @@ def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 
                   bindings=None, memory_limit: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Random values of the declared types (float32 for 'floating'), bundles included; every
     size limit (the program's and the runtime ``memory_limit``) is checked before any is made."""
-    from .types import numpy_dtype
+    from runtime.core.types import numpy_dtype
 
     if int_high < 1:
         fail("schema", "$.random", f"--int-high must be ≥ 1, got {int_high}")
@@ -544,8 +544,8 @@ def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 
 def _check_random_sizes(program, dims: dict[str, int], bindings, memory_limit: int | None) -> None:
     """The values ``random_values`` would make, measured against the limits from their
     shapes alone (a huge ``--dim`` is refused, never allocated)."""
-    from .memory import check_shape, check_working
-    from .types import ITEMSIZE
+    from runtime.plan.memory import check_shape, check_working
+    from runtime.core.types import ITEMSIZE
 
     lim = program.limits
     for symbol, extent in dims.items():

@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pytest
 
-from . import registry as _registry
-from .build import DEFAULT_LIMITS, ProgramBuilder  # noqa: F401 (moved; importable from here too)
-from .types import TensorType, numpy_dtype
+from runtime.plugins import registry as _registry
+from runtime.build import DEFAULT_LIMITS, ProgramBuilder  # noqa: F401 (moved; importable from here too)
+from runtime.core.types import TensorType, numpy_dtype
 
 
 def real_cuda() -> bool:
@@ -50,8 +50,8 @@ def register_plugin(formula_registry):
 def random_values(program, dims: Mapping[str, int] | None = None, seed: int = 0,
                   int_high: int = 1):
     """Random inputs and banks of the declared types (``formula run --random``'s generator)."""
-    from .api import load_program
-    from .cli import random_values as generate
+    from runtime.api import load_program
+    from runtime.cli import random_values as generate
 
     return generate(load_program(program), dict(dims or {}), seed=seed, int_high=int_high)
 
@@ -63,7 +63,7 @@ TOLERANCES = {"float64": (1e-10, 1e-10), "float32": (2e-4, 2e-5), "float16": (1e
 def assert_backends_agree(program, inputs=None, banks=None, backends: Sequence[str] = ("cpu",),
                           rtol: float | None = None, atol: float | None = None, registry=None):
     """Run on ``reference`` and each backend; every output must match the oracle."""
-    from .api import compile as _compile
+    from runtime.api import compile as _compile
 
     expected = _compile(program, "reference", registry).run(inputs=inputs, banks=banks)
     for backend in backends:
@@ -88,7 +88,7 @@ def run_kernel(spec, attributes, types: Sequence[TensorType], values: Sequence[n
                backend: str = "reference") -> np.ndarray:
     """One atom's kernel on one backend, outside any program: bind the node from ``types``,
     fill a fresh output (through device memory for ``cuda``) and return it as a host array."""
-    from .atomspec import bind_node
+    from runtime.plugins.atomspec import bind_node
 
     node = bind_node(spec, attributes, types)
     out = np.empty(node.output_type.shape, dtype=numpy_dtype(node.output_type.dtype))

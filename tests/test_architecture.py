@@ -93,3 +93,28 @@ def test_no_patch_files_in_the_tree():
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout")
     assert not [f for f in tracked if f.endswith((".patch", ".diff"))]
+
+
+# Lowest first: a module may import its own layer and the layers below it, never one above
+# (docs/architecture.md draws them). The package itself and its top modules (api, cli,
+# testing, build) sit above every layer.
+LAYERS = ("core", "plugins", "program", "kernels", "plan", "backends", "execution")
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[1] in LAYERS:
+        return LAYERS.index(parts[1])
+    return len(LAYERS)
+
+
+def test_layers_import_one_way():
+    upward = sorted(f"{m} -> {t}" for m, targets in _imports().items() for t in targets
+                    if _layer(t) > _layer(m))
+    assert not upward, "imports from a lower layer into a higher one: " + ", ".join(upward)
+
+
+def test_every_runtime_module_sits_in_a_layer_or_is_a_top_module():
+    top = {"runtime", "runtime.api", "runtime.cli", "runtime.testing", "runtime.build"}
+    stray = sorted(m for m in _imports() if _layer(m) == len(LAYERS) and m not in top)
+    assert not stray, f"modules outside the layers: {stray}"

@@ -3,7 +3,7 @@ determinism, and the no-overlap property with its self-check."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from runtime import arena
+from runtime.plan import arena
 
 
 def R(name, nbytes, first, last):

@@ -9,12 +9,13 @@ import pytest
 from safetensors.numpy import save_file
 
 import runtime
-from runtime import FormulaError, loader
+from runtime import FormulaError
+from runtime.program import loader
 from runtime.api import open_bank_store
-from runtime.banks import BankOperand, NpzStore, SafetensorsStore, tensor_fingerprint
-from runtime.bindings import bind_values
-from runtime.hookspecs import hookimpl
-from runtime.registry import Registry
+from runtime.execution.banks import BankOperand, NpzStore, SafetensorsStore, tensor_fingerprint
+from runtime.execution.bindings import bind_values
+from runtime.plugins.hookspecs import hookimpl
+from runtime.plugins.registry import Registry
 from runtime.testing import ProgramBuilder
 
 SRC = "arti/formula-operand-bank@1"
@@ -24,7 +25,7 @@ W = RNG.standard_normal((4, 2)).astype(np.float32)
 
 
 def banks_registry():
-    return Registry(autoload=False, builtins=("runtime.banks",))
+    return Registry(autoload=False, builtins=("runtime.execution.banks",))
 
 
 def program(fingerprints=None, bundle_asset=None, k_last=False):

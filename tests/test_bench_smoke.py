@@ -13,7 +13,8 @@ import pytest
 from bench import programs, report, run
 from bench.atom_cases import CASES
 from bench.test_seed import SeedCase, check_seed
-from runtime import FormulaError, loader
+from runtime import FormulaError
+from runtime.program import loader
 
 REPO = Path(__file__).resolve().parent.parent
 

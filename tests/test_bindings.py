@@ -6,9 +6,10 @@ import hashlib
 import numpy as np
 import pytest
 
-from runtime import FormulaError, loader
-from runtime.banks import BankOperand
-from runtime.bindings import bind_values
+from runtime import FormulaError
+from runtime.program import loader
+from runtime.execution.banks import BankOperand
+from runtime.execution.bindings import bind_values
 from runtime.testing import ProgramBuilder
 
 SRC = "arti/formula-operand-bank@1"
@@ -258,8 +259,8 @@ def test_store_object_resolves_banks_and_foreign_errors_are_wrapped(prog):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("layout", ["C", "F", "strided"])
 def test_finiteness_scan_finds_one_bad_value_in_every_size_regime(size, dtype, layout):
-    from runtime.bindings import _all_finite
-    from runtime.finite import PARALLEL_MIN, SMALL
+    from runtime.execution.bindings import _all_finite
+    from runtime.kernels.finite import PARALLEL_MIN, SMALL
 
     assert SMALL < 100 and 5000 < PARALLEL_MIN < (1 << 18) + 8  # the sizes cover each path
     base = np.ones((size, 2), dtype)
@@ -282,7 +283,7 @@ def _error(fn, *args):
 
 
 def test_a_warm_binder_checks_each_run_exactly_like_the_full_path(prog):
-    from runtime.bindings import Binder
+    from runtime.execution.bindings import Binder
 
     binder = Binder(prog)
     inputs, banks = good(prog)
@@ -316,8 +317,8 @@ def test_a_warm_binder_checks_each_run_exactly_like_the_full_path(prog):
 def test_the_fast_path_takes_equal_dtypes_that_are_distinct_objects(prog, monkeypatch):
     """The last structure is first matched by dtype identity; an equal dtype object that is
     not the builtin one (here: with metadata) still takes the fast path, through the key."""
-    from runtime import bindings
-    from runtime.bindings import Binder
+    from runtime.execution import bindings
+    from runtime.execution.bindings import Binder
 
     full = []
     plain = bindings.bind_values

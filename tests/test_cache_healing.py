@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import codegen
+from runtime.kernels import codegen
 
 from .spec.builders import atom_ref, limits, ttype
 

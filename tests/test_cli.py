@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from runtime import FormulaError, loader
+from runtime import FormulaError
+from runtime.program import loader
 from runtime.cli import main, random_values, read_arrays, summary
 from runtime.testing import ProgramBuilder
 
@@ -136,7 +137,7 @@ def test_atoms_and_plugins(capsys):
     assert main(["atoms"]) == 0
     assert "contract" in capsys.readouterr().out
     assert main(["plugins"]) == 0
-    assert "runtime.banks" in capsys.readouterr().out
+    assert "runtime.execution.banks" in capsys.readouterr().out
 
 
 # --- helpers, without the API --------------------------------------------------------------
@@ -248,7 +249,7 @@ def _error(capsys) -> str:
 def no_work(monkeypatch):
     """Fails the test if a run, a plan or value generation starts."""
     import runtime.cli as cli
-    from runtime.executor import Executable
+    from runtime.execution.executor import Executable
 
     def refuse(*args, **kwargs):
         raise AssertionError("work started before the arguments were checked")
@@ -371,8 +372,8 @@ def test_json_run_plan_bench(tmp_path, capsys):
 
 
 def test_json_atoms_and_plugins(capsys):
-    from runtime import diagnostics
-    from runtime.registry import default_registry
+    from runtime.plugins import diagnostics
+    from runtime.plugins.registry import default_registry
 
     assert main(["atoms", "--json"]) == 0
     doc = _json(capsys)
@@ -387,7 +388,7 @@ def test_json_atoms_and_plugins(capsys):
 def test_compile_notice_goes_to_stderr(capsys, monkeypatch):
     """A kernel compiling (a cache miss) is announced on stderr and totalled."""
     from runtime.cli import _compile_feedback
-    from runtime.compilelog import log
+    from runtime.kernels.compilelog import log
 
     with _compile_feedback():
         log.info("compiling %s", "m.kernel")
@@ -404,7 +405,7 @@ def test_compile_notice_counts_live_on_a_terminal():
     import io
 
     from runtime.cli import _CompileNotice
-    from runtime.compilelog import log
+    from runtime.kernels.compilelog import log
 
     class Terminal(io.StringIO):
         def isatty(self):

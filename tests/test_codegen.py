@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from atoms.elementwise import SPECS
-from runtime.atomspec import bind_node
+from runtime.plugins.atomspec import bind_node
 from runtime.backends import cpu_codegen
 from runtime.backends.cuda_codegen import align_device
 from runtime.backends.cuda_codegen import elementwise_kernel as cuda_kernel
-from runtime.errors import FormulaError
-from runtime.fusion import CHAIN, Epilogue, EpilogueStep
-from runtime.layout import align_to
-from runtime.types import TensorType
+from runtime.core.errors import FormulaError
+from runtime.plan.fusion import CHAIN, Epilogue, EpilogueStep
+from runtime.kernels.layout import align_to
+from runtime.core.types import TensorType
 
 SPEC = {s.name: s for s in SPECS}
 ACT = {"accumulation_dtype": "activation"}
@@ -138,7 +138,7 @@ def test_parallel_variant_matches_serial(monkeypatch):
 
 
 def test_generated_source_is_cached_as_a_file_and_reused():
-    from runtime.codegen import cache_dir
+    from runtime.kernels.codegen import cache_dir
 
     (epilogue, _), xt = seed_chain([2, 3])
     k1 = cpu_codegen.elementwise_kernel(epilogue, xt)

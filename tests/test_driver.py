@@ -1,4 +1,4 @@
-"""The compiled driver (runtime.driver): a plan's kernels in one compiled call, used exactly
+"""The compiled driver (runtime.execution.driver): a plan's kernels in one compiled call, used exactly
 when every kernel can be called from compiled code and the bindings have the layout it was
 built for; otherwise (and for traces) kernels are launched one by one from Python."""
 from pathlib import Path
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import runtime
-from runtime.driver import _all_of
+from runtime.execution.driver import _all_of
 from runtime.testing import ProgramBuilder, random_values
 
 SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"

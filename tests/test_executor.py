@@ -182,7 +182,7 @@ def test_cuda_device_inputs_give_device_results_and_are_checked_on_device():
     d_banks = {k: cuda.to_device(v) for k, v in banks.items()}
     res = runtime.execute(SEED, inputs=d_inputs, banks=d_banks, backend="cuda")
     out = res["%4"]
-    from runtime.arrays import is_device_array
+    from runtime.kernels.arrays import is_device_array
 
     assert is_device_array(out)
     np.testing.assert_allclose(out.copy_to_host(), expected(inputs, banks), rtol=1e-4, atol=1e-3)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import attrs
 
-from runtime.atomspec import AtomSpec, InferContext, ScalarOp, bind_node
-from runtime.fusion import CHAIN
-from runtime.grouping import make_groups
-from runtime.types import TensorType
+from runtime.plugins.atomspec import AtomSpec, InferContext, ScalarOp, bind_node
+from runtime.plan.fusion import CHAIN
+from runtime.plan.grouping import make_groups
+from runtime.core.types import TensorType
 
 
 def _same(ctx: InferContext) -> TensorType:

@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 
 import runtime
-from runtime import halves
+from runtime.kernels import halfconv
+from runtime.plan import halves
 from runtime.testing import ProgramBuilder, assert_backends_agree
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-HALVES = {"float16": (np.dtype(np.float16), halves.F16_TO_F32, halves.F32_TO_F16),
-          "bfloat16": (BF16, halves.BF16_TO_F32, halves.F32_TO_BF16)}
+HALVES = {"float16": (np.dtype(np.float16), halfconv.F16_TO_F32, halfconv.F32_TO_F16),
+          "bfloat16": (BF16, halfconv.BF16_TO_F32, halfconv.F32_TO_BF16)}
 
 
 def _float32_sweep() -> np.ndarray:
@@ -37,7 +38,7 @@ def test_every_half_bit_pattern_widens_exactly(name):
     dtype, widen, _ = HALVES[name]
     src = np.arange(1 << 16, dtype=np.uint16).view(dtype)
     got = np.empty(src.shape, np.float32)
-    halves.convert_host(src, got, widen)
+    halfconv.convert_host(src, got, widen)
     np.testing.assert_array_equal(got.view(np.uint32), src.astype(np.float32).view(np.uint32))
 
 
@@ -46,19 +47,19 @@ def test_narrowing_matches_astype_bit_for_bit(name):
     dtype, _, narrow = HALVES[name]
     x = _float32_sweep()
     got = np.empty(x.shape, dtype)
-    halves.convert_host(x, got, narrow)  # above PARALLEL_MIN: the parallel kernel
+    halfconv.convert_host(x, got, narrow)  # above PARALLEL_MIN: the parallel kernel
     with np.errstate(all="ignore"):
         want = x.astype(dtype)
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
     small = np.empty(1000, dtype)  # the serial kernel
-    halves.convert_host(x[-1000:], small, narrow)
+    halfconv.convert_host(x[-1000:], small, narrow)
     np.testing.assert_array_equal(small.view(np.uint16), want[-1000:].view(np.uint16))
 
 
 def test_float16_overflow_and_subnormal_edges():
     x = np.array([65504, 65519.99, 65520, -70000, 2.0 ** -24, 2.0 ** -25, 1.5 * 2.0 ** -24], np.float32)
     got = np.empty(x.shape, np.float16)
-    halves.convert_host(x, got, halves.F32_TO_F16)
+    halfconv.convert_host(x, got, halfconv.F32_TO_F16)
     np.testing.assert_array_equal(got, np.array([65504, 65504, np.inf, -np.inf, 2.0 ** -24, 0, 2.0 ** -23],
                                                 np.float16))
 
@@ -68,10 +69,10 @@ def test_strided_operands_convert_in_place_of_their_elements(name):
     dtype, widen, narrow = HALVES[name]
     x = np.linspace(-3, 3, 60, dtype=np.float32).reshape(6, 10)[:, ::3]  # not contiguous
     out = np.empty((x.shape[1], x.shape[0]), dtype).T  # a Fortran-ordered destination
-    halves.convert_host(x, out, narrow)
+    halfconv.convert_host(x, out, narrow)
     np.testing.assert_array_equal(out.view(np.uint16), x.astype(dtype).view(np.uint16))
     back = np.empty((x.shape[1], x.shape[0]), np.float32).T  # strided destination
-    halves.convert_host(out, back, widen)
+    halfconv.convert_host(out, back, widen)
     np.testing.assert_array_equal(back, out.astype(np.float32))
 
 
@@ -79,15 +80,17 @@ def test_strided_operands_convert_in_place_of_their_elements(name):
 def test_cuda_conversions_agree_with_the_host(name):
     from numba import cuda
 
+    from runtime.kernels import halfconv_cuda
+
     dtype, widen, narrow = HALVES[name]
     x = np.concatenate([_float32_sweep()[-300:], np.linspace(-7, 7, 212, dtype=np.float32)])
     dev_half = cuda.device_array(x.shape, dtype=dtype)
-    halves.convert_device(cuda.to_device(x), dev_half, narrow)
+    halfconv_cuda.convert_device(cuda.to_device(x), dev_half, narrow)
     with np.errstate(all="ignore"):
         want = x.astype(dtype)
     np.testing.assert_array_equal(dev_half.copy_to_host().view(np.uint16), want.view(np.uint16))
     dev_wide = cuda.device_array(x.shape, dtype=np.float32)
-    halves.convert_device(dev_half, dev_wide, widen)
+    halfconv_cuda.convert_device(dev_half, dev_wide, widen)
     np.testing.assert_array_equal(dev_wide.copy_to_host().view(np.uint32), want.astype(np.float32).view(np.uint32))
 
 
@@ -163,7 +166,7 @@ def test_bfloat16_without_ml_dtypes_names_the_extra(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)
-    from runtime.types import numpy_dtype
+    from runtime.core.types import numpy_dtype
 
     with pytest.raises(runtime.FormulaError) as info:
         numpy_dtype("bfloat16")

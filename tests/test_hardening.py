@@ -13,7 +13,7 @@ import pytest
 from numpy.lib import format as npformat
 
 import runtime
-from runtime import codegen
+from runtime.kernels import codegen
 
 from .spec.builders import BANK_SOURCE, ProgramBuilder
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import runtime
-from runtime.fusion import CHAIN
-from runtime.layout import align_to
-from runtime.model import Limits
-from runtime.planner import make_plan
+from runtime.plan.fusion import CHAIN
+from runtime.kernels.layout import align_to
+from runtime.program.model import Limits
+from runtime.plan.planner import make_plan
 from runtime.testing import ProgramBuilder
 from tests.test_grouping import (ADD, CUMSUM, MIX, MIX_PLAIN, OPAQUE, SCALE, TANH, Prog, seed_like, spec,
                                  t)
@@ -177,7 +177,7 @@ def test_seed_shape_plan_with_stand_ins():
     p, outs = seed_like()
     plan = plan_of(p, outs, "cpu", binding_kinds={"A": "bank", "B": "bank"})
     assert [b.slot for b in plan.buffers.values() if b.kind == "temporary"] == ["%1"]
-    assert plan.buffers["%1"] == runtime.planner.Buffer("%1", "temporary", 4 * 2 * 8, 0, 1, 0, None)
+    assert plan.buffers["%1"] == runtime.plan.planner.Buffer("%1", "temporary", 4 * 2 * 8, 0, 1, 0, None)
     assert plan.buffers["A"].kind == "bank" and plan.buffers["x"].kind == "input"
     assert plan.buffers["x"].first == -1 and plan.buffers["x"].last == 0
     assert plan.buffers["base"].last == 1 and plan.buffers["%4"].kind == "output"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-POOL = Path(__file__).resolve().parents[1] / "runtime" / "pool.py"
+POOL = Path(__file__).resolve().parents[1] / "runtime" / "execution" / "pool.py"
 
 # Standard library only: runs under any interpreter, loading pool.py by its path.
 SCRIPT = r'''

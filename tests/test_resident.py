@@ -10,8 +10,8 @@ import pytest
 from safetensors.numpy import save_file
 
 import runtime
-import runtime.bindings as bindings
-from runtime.banks import tensor_fingerprint
+import runtime.execution.bindings as bindings
+from runtime.execution.banks import tensor_fingerprint
 from runtime.testing import ProgramBuilder, random_values
 
 SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
@@ -189,7 +189,7 @@ def test_resident_banks_serve_only_programs_with_the_same_bank_bindings():
 
 def test_device_backend_holds_device_copies_and_refuses_host_loaded_banks():
     """On the CUDA simulator, so on a small program (it runs a Python thread per element)."""
-    from runtime.arrays import is_device_array
+    from runtime.kernels.arrays import is_device_array
 
     program = symbol_program()
     rng = np.random.default_rng(2)

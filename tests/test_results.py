@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import runtime
-from runtime.outputs import device_bytes, may_overlap
+from runtime.execution.outputs import device_bytes, may_overlap
 from runtime.testing import ProgramBuilder, random_values
 
 SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"

@@ -1,12 +1,12 @@
-"""runtime.simd: each vector operation against NumPy, for both dtypes, at unaligned offsets."""
+"""runtime.kernels.simd: each vector operation against NumPy, for both dtypes, at unaligned offsets."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from numba import njit
 
-from runtime import simd
-from runtime.simd import (bcast_f32x8, bcast_f64x4, fma_f32x8, fma_f64x4, hsum_f32x8, hsum_f64x4,
+from runtime.kernels import simd
+from runtime.kernels.simd import (bcast_f32x8, bcast_f64x4, fma_f32x8, fma_f64x4, hsum_f32x8, hsum_f64x4,
                           load_f32x8, load_f64x4, store_f32x8, store_f64x4, zero_f32x8, zero_f64x4)
 
 

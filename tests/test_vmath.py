@@ -1,11 +1,11 @@
-"""runtime.vmath: the vectorisable exp that CPU kernels use in place of libm's."""
+"""runtime.kernels.vmath: the vectorisable exp that CPU kernels use in place of libm's."""
 import math
 
 import numpy as np
 from numba import njit
 
-from runtime import vmath
-from runtime.vmath import vexp
+from runtime.kernels import vmath
+from runtime.kernels.vmath import vexp
 
 
 @njit

@@ -1,5 +1,5 @@
 """This core's float32 FMA peak: twelve independent 8-lane accumulators in registers, no memory
-traffic (runtime.simd vectors, one thread). The ceiling for the micro-kernels' GFLOP/s.
+traffic (runtime.kernels.simd vectors, one thread). The ceiling for the micro-kernels' GFLOP/s.
 
     python bench/tools/fma_peak.py
 """
@@ -7,7 +7,7 @@ import time
 
 from numba import njit
 
-from runtime.simd import bcast_f32x8 as vb, fma_f32x8 as vf, hsum_f32x8 as vh, zero_f32x8 as vz
+from runtime.kernels.simd import bcast_f32x8 as vb, fma_f32x8 as vf, hsum_f32x8 as vh, zero_f32x8 as vz
 
 
 @njit(cache=False)

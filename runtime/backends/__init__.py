@@ -1,10 +1,10 @@
 """The built-in backends, registered through the same hook a third-party backend would use."""
 from __future__ import annotations
 
-from ..hookspecs import hookimpl
-from .cpu import CpuBackend
-from .cuda import CudaBackend
-from .reference import ReferenceBackend
+from runtime.plugins.hookspecs import hookimpl
+from runtime.backends.cpu import CpuBackend
+from runtime.backends.cuda import CudaBackend
+from runtime.backends.reference import ReferenceBackend
 
 
 @hookimpl

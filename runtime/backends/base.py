@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..fusion import Epilogue
-from ..types import TensorType
+from runtime.plan.fusion import Epilogue
+from runtime.core.types import TensorType
 
 
 class Backend:
@@ -18,7 +18,7 @@ class Backend:
     # fused into the pass that reads them anyway), and the run skips its own pass over them
     chain_counts_nonfinite: bool = False
     # whether every kernel computes float16/bfloat16 itself; otherwise the planner runs half
-    # work in float32 between planner-made conversions (runtime.halves, SPEC §3b.1)
+    # work in float32 between planner-made conversions (runtime.plan.halves, SPEC §3b.1)
     half_kernels: bool = False
 
     def unavailable_reason(self) -> str | None:

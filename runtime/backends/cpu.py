@@ -1,7 +1,7 @@
 """Numba ``@njit`` kernels on the host, with fused groups over one pre-planned arena."""
 from __future__ import annotations
 
-from .host import HostBackend
+from runtime.backends.host import HostBackend
 
 
 class CpuBackend(HostBackend):
@@ -10,6 +10,6 @@ class CpuBackend(HostBackend):
     chain_counts_nonfinite = True
 
     def elementwise_kernel(self, epilogue, out_type):
-        from .cpu_codegen import elementwise_kernel
+        from runtime.backends.cpu_codegen import elementwise_kernel
 
         return elementwise_kernel(epilogue, out_type)

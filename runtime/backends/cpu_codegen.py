@@ -3,7 +3,7 @@ the reduce and masked-softmax atoms fill with their bodies.
 
 Each kernel is rendered as source with an explicit signature (operands read-only, possibly
 unaligned C-contiguous arrays; the output C-contiguous), so it compiles exactly once per
-source, and ``cache=True`` (via :func:`runtime.codegen.load_generated`) lets a second process
+source, and ``cache=True`` (via :func:`runtime.kernels.codegen.load_generated`) lets a second process
 load it from disk. Runners bring operands to that form cheaply: broadcast axes (known from
 the types) are cut to extent 1 and read at index 0, so stride-0 views cost nothing; only a
 transposed or Fortran-ordered operand is copied. Loop indices are unsigned so the inner loop
@@ -18,11 +18,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .. import vmath
-from ..codegen import configure_numba_cache, load_generated
-from ..errors import FormulaError
-from ..fusion import Epilogue
-from ..types import TensorType
+from runtime.kernels import vmath
+from runtime.kernels.codegen import configure_numba_cache, load_generated
+from runtime.core.errors import FormulaError
+from runtime.plan.fusion import Epilogue
+from runtime.core.types import TensorType
 
 # Below this many elements of work a call runs on one thread: a parallel region costs more
 # than it saves (docs/performance.md, tuning log). FORMULA_CPU_PARALLEL_MIN overrides it.

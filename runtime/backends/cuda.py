@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import is_device_array
-from ..types import TensorType, numpy_dtype
-from .base import Backend
+from runtime.kernels.arrays import is_device_array
+from runtime.core.types import TensorType, numpy_dtype
+from runtime.backends.base import Backend
 
 ARENA_ALIGNMENT = 256  # cudaMalloc alignment; the planner's offsets are multiples of 64
 
@@ -59,12 +59,12 @@ class CudaBackend(Backend):
         return value.copy_to_host()
 
     def aligner(self, value_type: TensorType, target: TensorType):
-        from .cuda_codegen import device_aligner  # (kernel machinery: loaded on first use)
+        from runtime.backends.cuda_codegen import device_aligner  # (kernel machinery: loaded on first use)
 
         return device_aligner(value_type, target)
 
     def elementwise_kernel(self, epilogue, out_type):
-        from .cuda_codegen import elementwise_kernel
+        from runtime.backends.cuda_codegen import elementwise_kernel
 
         return elementwise_kernel(epilogue, out_type)
 

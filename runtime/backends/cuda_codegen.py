@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..codegen import configure_numba_cache, load_generated
-from ..fusion import Epilogue
-from ..layout import keepdims_aligner, keepdims_order
-from ..types import TensorType
-from .cpu_codegen import broadcast_axes, index_expr, numba_type
+from runtime.kernels.codegen import configure_numba_cache, load_generated
+from runtime.plan.fusion import Epilogue
+from runtime.kernels.layout import keepdims_aligner, keepdims_order
+from runtime.core.types import TensorType
+from runtime.backends.cpu_codegen import broadcast_axes, index_expr, numba_type
 
 THREADS_PER_BLOCK = 128
 MAX_BLOCKS = 8192  # grid-stride beyond this: enough blocks to fill any current GPU

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layout import keepdims_aligner
-from ..types import TensorType, numpy_dtype
-from .base import Backend
+from runtime.kernels.layout import keepdims_aligner
+from runtime.core.types import TensorType, numpy_dtype
+from runtime.backends.base import Backend
 
 ARENA_ALIGNMENT = 64
 

@@ -1,7 +1,7 @@
 """The oracle: every atom's plain-NumPy kernel, one instruction at a time, no fusion."""
 from __future__ import annotations
 
-from .host import HostBackend
+from runtime.backends.host import HostBackend
 
 
 class ReferenceBackend(HostBackend):

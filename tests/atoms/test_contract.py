@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 
 from atoms import _gemm
 from atoms.contract import SPECS
-from runtime.atomspec import ScalarOp, bind_node
-from runtime.errors import FormulaError
-from runtime.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
-from runtime.layout import align_to
+from runtime.plugins.atomspec import ScalarOp, bind_node
+from runtime.core.errors import FormulaError
+from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
+from runtime.kernels.layout import align_to
 from runtime.testing import real_cuda
-from runtime.types import TensorType
+from runtime.core.types import TensorType
 
 CONTRACT = SPECS[0]
 P = "$.instructions[0]"

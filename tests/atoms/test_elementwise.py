@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from atoms.elementwise import SCALAR_EXPRS, SPECS
-from runtime.atomspec import InferContext, bind_node
-from runtime.errors import FormulaError
+from runtime.plugins.atomspec import InferContext, bind_node
+from runtime.core.errors import FormulaError
 from runtime.testing import real_cuda, run_kernel
-from runtime.types import TensorType
+from runtime.core.types import TensorType
 
 SPEC = {s.name: s for s in SPECS if s.ref.endswith("@1")}  # the @2 scalar-map: test_elementwise_v2
 ACT = {"accumulation_dtype": "activation"}

@@ -12,10 +12,10 @@ from hypothesis import given, settings, strategies as st
 
 import runtime
 from atoms.elementwise import MODES_V2, SPECS
-from runtime.atomspec import InferContext
-from runtime.errors import FormulaError
+from runtime.plugins.atomspec import InferContext
+from runtime.core.errors import FormulaError
 from runtime.testing import TOLERANCES, ProgramBuilder, assert_backends_agree, real_cuda
-from runtime.types import TensorType
+from runtime.core.types import TensorType
 
 SPEC = {s.ref: s for s in SPECS}
 F32 = {"accumulation_dtype": "float32"}

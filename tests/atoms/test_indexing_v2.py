@@ -9,10 +9,10 @@ from hypothesis import given, settings, strategies as st
 
 import runtime
 from atoms import all_specs
-from runtime.atomspec import InferContext, bind_node
-from runtime.errors import FormulaError
+from runtime.plugins.atomspec import InferContext, bind_node
+from runtime.core.errors import FormulaError
 from runtime.testing import assert_backends_agree, run_kernel
-from runtime.types import TensorType, numpy_dtype
+from runtime.core.types import TensorType, numpy_dtype
 
 from tests.spec.atom_cases import one
 

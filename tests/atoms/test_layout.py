@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from atoms.layout import SPECS, coalesce, flat_view
-from runtime.atomspec import InferContext, bind_node
-from runtime.errors import FormulaError
-from runtime.types import TensorType, numpy_dtype
+from runtime.plugins.atomspec import InferContext, bind_node
+from runtime.core.errors import FormulaError
+from runtime.core.types import TensorType, numpy_dtype
 
 SPEC = {s.name: s for s in SPECS}
 INS = "$.instructions[3]"

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from atoms.observe import SPECS
-from runtime.atomspec import InferContext
-from runtime.errors import FormulaError
+from runtime.plugins.atomspec import InferContext
+from runtime.core.errors import FormulaError
 from runtime.testing import run_kernel
-from runtime.types import TensorType
+from runtime.core.types import TensorType
 
 SPEC = {s.name: s for s in SPECS}
 BACKENDS = ("reference", "cpu", "cuda")
@@ -96,7 +96,7 @@ def test_infer_errors(name, attributes, types, code, path, needle):
 
 
 def test_affine_floating_bound_to_two_dtypes_is_binding_dtype():
-    from runtime.atomspec import bind_node
+    from runtime.plugins.atomspec import bind_node
 
     types = affine_types()
     types[5] = T("W", [6], "float64")
@@ -186,7 +186,7 @@ def test_observe_devices_match_reference(seed, h, w, polar, dtype):
 
 
 def test_fourier_tables_are_counted_in_the_working_bytes():
-    from runtime.atomspec import bind_node
+    from runtime.plugins.atomspec import bind_node
 
     node = bind_node(SPEC["observe-fourier"], FOURIER(shape=(2, 3)), four(b=2, t=5))
     assert SPEC["observe-fourier"].scratch_bytes(node, "cpu") == 2 * 5 * 2 * (4 + 6 - 2) * 4

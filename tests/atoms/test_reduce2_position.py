@@ -9,10 +9,10 @@ from hypothesis import given, settings, strategies as st
 
 from atoms.position import SPECS as POSITION
 from atoms.reduce import SPECS as REDUCE
-from runtime.atomspec import InferContext
-from runtime.errors import FormulaError
+from runtime.plugins.atomspec import InferContext
+from runtime.core.errors import FormulaError
 from runtime.testing import run_kernel
-from runtime.types import TensorType
+from runtime.core.types import TensorType
 
 SPEC = {s.name: s for s in REDUCE + POSITION}
 BACKENDS = ("reference", "cpu", "cuda")
@@ -282,7 +282,7 @@ def test_half_programs_on_devices_match_reference(dtype):
     import ml_dtypes  # noqa: F401  (bfloat16 arrays)
 
     from runtime.testing import assert_backends_agree
-    from runtime.types import numpy_dtype
+    from runtime.core.types import numpy_dtype
     from tests.spec.atom_cases import one
 
     half = numpy_dtype(dtype)
@@ -298,7 +298,7 @@ def test_half_programs_on_devices_match_reference(dtype):
 
 
 def test_rotary_cpu_tables_are_declared_scratch():
-    from runtime.atomspec import bind_node
+    from runtime.plugins.atomspec import bind_node
 
     node = bind_node(SPEC["position-rotary"], ROT(), [T("SHF", [3, 5, 8]), T("S", [3], "int64")])
     # cos and sin per (coordinate, pair): 3 x 4 each, shared by the 5 heads; the coordinates in c

@@ -7,10 +7,10 @@ from hypothesis import given, settings, strategies as st
 
 from atoms.reduce import SPECS as REDUCE
 from atoms.softmax import SPECS as SOFTMAX
-from runtime.atomspec import InferContext, bind_node
-from runtime.errors import FormulaError
+from runtime.plugins.atomspec import InferContext, bind_node
+from runtime.core.errors import FormulaError
 from runtime.testing import real_cuda, run_kernel
-from runtime.types import TensorType
+from runtime.core.types import TensorType
 
 SPEC = {s.name: s for s in REDUCE + SOFTMAX}
 SUM = {"mode": "sum", "accumulation_dtype": "float32"}

@@ -9,11 +9,11 @@ import textwrap
 import uuid
 from pathlib import Path
 
-from runtime.hookspecs import ENTRY_POINT_GROUP
+from runtime.plugins.hookspecs import ENTRY_POINT_GROUP
 
 GOOD_PLUGIN = '''
-from runtime.atomspec import AtomSpec
-from runtime.hookspecs import hookimpl
+from runtime.plugins.atomspec import AtomSpec
+from runtime.plugins.hookspecs import hookimpl
 
 def _infer(ctx):
     t = ctx.operands[0]

@@ -1,10 +1,10 @@
 """`formula atoms` / `formula plugins` data and text, on registries built for the test."""
 from __future__ import annotations
 
-from runtime import diagnostics
-from runtime.atomspec import AtomSpec
-from runtime.hookspecs import hookimpl
-from runtime.registry import PluginInfo, PluginProblem, Registry
+from runtime.plugins import diagnostics
+from runtime.plugins.atomspec import AtomSpec
+from runtime.plugins.hookspecs import hookimpl
+from runtime.plugins.registry import PluginInfo, PluginProblem, Registry
 
 
 def _infer(ctx):

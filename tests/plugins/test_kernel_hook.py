@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import runtime
-from runtime import diagnostics
-from runtime.errors import FormulaError
-from runtime.hookspecs import hookimpl
-from runtime.registry import Registry
+from runtime.plugins import diagnostics
+from runtime.core.errors import FormulaError
+from runtime.plugins.hookspecs import hookimpl
+from runtime.plugins.registry import Registry
 from runtime.testing import ProgramBuilder
 
 ADD = "arti/formula-atom-add@1"

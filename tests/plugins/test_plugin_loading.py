@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 import runtime
-from runtime import diagnostics
-from runtime.atomspec import AtomSpec
-from runtime.errors import FormulaError
-from runtime.hookspecs import hookimpl
-from runtime.registry import Registry
+from runtime.plugins import diagnostics
+from runtime.plugins.atomspec import AtomSpec
+from runtime.core.errors import FormulaError
+from runtime.plugins.hookspecs import hookimpl
+from runtime.plugins.registry import Registry
 
 from .fake_dists import GOOD_PLUGIN, fake_dist, forget_modules
 
@@ -44,7 +44,7 @@ def test_autoload_can_be_switched_off(monkeypatch):
 
 # --- not installed: the unknown_atom hint --------------------------------------------------
 def test_known_plugins_data_names_the_distribution_of_every_norms_atom():
-    data = json.loads(Path(runtime.__file__).with_name("known_plugins.json").read_text())
+    data = json.loads((Path(runtime.__file__).parent / "plugins" / "known_plugins.json").read_text())
     assert {f"{family}@1" for family, dist in data.items() if dist == "formula-norms"} == NORMS_REFS
     if HAVE_NORMS:
         import formula_norms
@@ -97,8 +97,8 @@ def site(tmp_path, monkeypatch):
 def test_broken_plugins_are_reported_and_the_rest_keeps_working(site):
     bad_import = fake_dist(site, "fake-import", "raise ImportError('needs libfoo >= 2')\n")
     bad_spec = fake_dist(site, "fake-spec", '''
-        from runtime.atomspec import AtomSpec
-        from runtime.hookspecs import hookimpl
+        from runtime.plugins.atomspec import AtomSpec
+        from runtime.plugins.hookspecs import hookimpl
 
         @hookimpl
         def formula_register_atoms(register):
@@ -106,14 +106,14 @@ def test_broken_plugins_are_reported_and_the_rest_keeps_working(site):
                               attributes=frozenset(), infer=lambda ctx: ctx.operands[0]))
         ''')
     not_a_spec = fake_dist(site, "fake-object", '''
-        from runtime.hookspecs import hookimpl
+        from runtime.plugins.hookspecs import hookimpl
 
         @hookimpl
         def formula_register_atoms(register):
             register({"name": "a dict is not an AtomSpec"})
         ''')
     raising = fake_dist(site, "fake-raise", '''
-        from runtime.hookspecs import hookimpl
+        from runtime.plugins.hookspecs import hookimpl
 
         @hookimpl
         def formula_register_atoms(register):

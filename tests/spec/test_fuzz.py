@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import runtime
-from runtime.errors import CODES
+from runtime.core.errors import CODES
 
 from .atom_cases import VALID
 from .builders import SEED_PATH, SPEC_CODES, seed, simple_add

@@ -6,7 +6,7 @@ functions (compiled on first call); CUDA kernels are imported only when a cuda p
 """
 from __future__ import annotations
 
-from runtime.hookspecs import hookimpl
+from runtime.plugins.hookspecs import hookimpl
 
 from .activations import SPECS as _ACTIVATION_SPECS
 from .norms import SPECS as _NORM_SPECS

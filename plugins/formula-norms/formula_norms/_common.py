@@ -5,9 +5,9 @@ import math
 
 import numpy as np
 
-from runtime.atomspec import Node
-from runtime.errors import FormulaError
-from runtime.types import TensorType
+from runtime.plugins.atomspec import Node
+from runtime.core.errors import FormulaError
+from runtime.core.types import TensorType
 
 KERNEL_DTYPES = ("float32", "float64")  # what the cpu/cuda kernels are compiled for
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.atomspec import AtomSpec, InferContext, Node, ScalarOp
-from runtime.types import TensorType
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp
+from runtime.core.types import TensorType
 
 from ._common import kernel_dtype, launch_config, readonly_c
 from ._refs import refs_for

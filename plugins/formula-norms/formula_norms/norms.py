@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
-from runtime.atomspec import AtomSpec, InferContext, Node
-from runtime.types import TensorType, accumulation_dtype, numpy_dtype
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
 from ._common import kernel_dtype, launch_config, readonly_c, rows_shape
 from ._refs import refs_for

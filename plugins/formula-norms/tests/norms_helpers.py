@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.atomspec import bind_node
-from runtime.types import TensorType
+from runtime.plugins.atomspec import bind_node
+from runtime.core.types import TensorType
 
 import formula_norms
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.atomspec import InferContext, bind_node
-from runtime.errors import FormulaError
+from runtime.plugins.atomspec import InferContext, bind_node
+from runtime.core.errors import FormulaError
 from runtime.testing import real_cuda
 
 from norms_helpers import SPECS, TOL, run_kernel, ttype

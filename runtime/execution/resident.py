@@ -18,8 +18,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .arrays import is_device_array
-from .errors import fail
+from runtime.kernels.arrays import is_device_array
+from runtime.core.errors import fail
 
 
 @attrs.frozen(eq=False, repr=False)

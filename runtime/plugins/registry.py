@@ -18,12 +18,12 @@ from pathlib import Path
 import attrs
 import pluggy
 
-from . import hookspecs
-from .atomspec import AtomSpec
-from .errors import FormulaError, did_you_mean, fail
-from .refs import is_ref
+from runtime.plugins import hookspecs
+from runtime.plugins.atomspec import AtomSpec
+from runtime.core.errors import FormulaError, did_you_mean, fail
+from runtime.core.refs import is_ref
 
-BUILTIN_PLUGINS = ("atoms", "runtime.backends", "runtime.banks")
+BUILTIN_PLUGINS = ("atoms", "runtime.backends", "runtime.execution.banks")
 DISABLE_AUTOLOAD_ENV = "FORMULA_DISABLE_PLUGIN_AUTOLOAD"
 
 
@@ -275,7 +275,7 @@ def _kernel_entry(atom_ref, backend, kernel, anchor, info: PluginInfo) -> Kernel
 def _known_plugin_families() -> dict[str, str]:
     """Atom families (ref before '@') that installable plugins provide, for unknown_atom hints.
 
-    Data, not code: ``runtime/known_plugins.json`` maps a family to a pip distribution."""
+    Data, not code: ``runtime/plugins/known_plugins.json`` maps a family to a pip distribution."""
     path = Path(__file__).with_name("known_plugins.json")
     try:
         data = json.loads(path.read_text())

@@ -1,15 +1,15 @@
 """The rules of SPEC §2 that relate records to each other, and static type inference.
 
-Runs after ``runtime.loader`` built the records. Each rule raises the §6 code of its
+Runs after ``runtime.program.loader`` built the records. Each rule raises the §6 code of its
 clause; where two could apply, the more specific is checked first.
 """
 from __future__ import annotations
 
-from .atomspec import InferContext
-from .errors import fail
-from .model import BankBinding, Program
-from .registry import Registry
-from .types import FLOAT_DTYPES, ITEMSIZE, TensorType
+from runtime.plugins.atomspec import InferContext
+from runtime.core.errors import fail
+from runtime.program.model import BankBinding, Program
+from runtime.plugins.registry import Registry
+from runtime.core.types import FLOAT_DTYPES, ITEMSIZE, TensorType
 
 ROLE_OF_KIND = {"input": "input", "bank": "bank_operand"}
 

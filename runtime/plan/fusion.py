@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from .atomspec import Node, ScalarOp
-from .types import TensorType
+from runtime.plugins.atomspec import Node, ScalarOp
+from runtime.core.types import TensorType
 
 CHAIN = -1  # operand source: the value flowing down the chain
 

@@ -17,7 +17,7 @@ ENTRY_POINT_GROUP = "formula_runtime.plugins"
 
 @hookspec
 def formula_register_atoms(register):
-    """Call ``register(spec)`` with each :class:`runtime.atomspec.AtomSpec` the plugin provides."""
+    """Call ``register(spec)`` with each :class:`runtime.plugins.atomspec.AtomSpec` the plugin provides."""
 
 
 @hookspec

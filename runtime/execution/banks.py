@@ -1,4 +1,4 @@
-"""Bank operands and bank stores (the built-in ``runtime.banks`` plugin).
+"""Bank operands and bank stores (the built-in ``runtime.execution.banks`` plugin).
 
 A bank value handed to ``run`` is a plain array (its identity is the program's) or a
 :class:`BankOperand` carrying the identity of the asset it came from, which must equal the
@@ -19,7 +19,7 @@ Key layout of a store file (safetensors or npz):
 Fingerprints: outside a bundle, ``asset_fingerprint`` is the sha256 of the tensor's C-order
 bytes; for a bundle it names the asset the bundle comes from, which for a store is the sha256
 of the whole store file's bytes. The store verifies the bundle fingerprint (hashing the file
-once); ``runtime.bindings.bind_values`` verifies per-tensor fingerprints of every bank value.
+once); ``runtime.execution.bindings.bind_values`` verifies per-tensor fingerprints of every bank value.
 """
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ import attrs
 import numpy as np
 from numpy.lib import format as npformat
 
-from .errors import FormulaError, fail
-from .hookspecs import hookimpl
-from .memory import check_shape
-from .types import FLOAT_DTYPES as FLOATING, ITEMSIZE, formula_dtype
+from runtime.core.errors import FormulaError, fail
+from runtime.plugins.hookspecs import hookimpl
+from runtime.plan.memory import check_shape
+from runtime.core.types import FLOAT_DTYPES as FLOATING, ITEMSIZE, formula_dtype
 
 SAFETENSORS_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
                       "I64": "int64", "BOOL": "boolean"}

@@ -2,7 +2,7 @@
 
 Only the shape of each record is checked here (SPEC §2 field sets, JSON types, names,
 tensor types, references); the rules that relate records to each other are in
-``runtime.validate``. Nothing is executed and the caller's objects are never modified.
+``runtime.program.validate``. Nothing is executed and the caller's objects are never modified.
 """
 from __future__ import annotations
 
@@ -14,12 +14,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .errors import FormulaError, fail, json_kind as _kind
-from .model import (BANK_FIELDS, INPUT_FIELDS, INSTRUCTION_FIELDS, LIMIT_FIELDS, PROGRAM_FIELDS,
-                    SLOT_FIELDS, TENSOR_TYPE_FIELDS, BankBinding, InputBinding, Instruction,
-                    Limits, Program, Slot)
-from .refs import parse_ref
-from .types import BINDING_NAME_RE, DTYPES, NAME_RE, TensorType
+from runtime.core.errors import FormulaError, fail, json_kind as _kind
+from runtime.program.model import (BANK_FIELDS, INPUT_FIELDS, INSTRUCTION_FIELDS, LIMIT_FIELDS, PROGRAM_FIELDS, SLOT_FIELDS, TENSOR_TYPE_FIELDS, BankBinding, InputBinding, Instruction, Limits, Program, Slot)
+from runtime.core.refs import parse_ref
+from runtime.core.types import BINDING_NAME_RE, DTYPES, NAME_RE, TensorType
 
 SEED_DIGESTS = {
     "program": ("arti/formula-program", "215f631f44a79a6ffd2e59fcae801397c9f6e8abf597b8e836c98a8702142c0d", 2),

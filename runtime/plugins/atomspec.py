@@ -10,8 +10,8 @@ from typing import Any
 
 import attrs
 
-from .errors import FormulaError, fail, json_kind as _json_kind
-from .types import Size, TensorType, dtypes_compatible, extents_compatible
+from runtime.core.errors import FormulaError, fail, json_kind as _json_kind
+from runtime.core.types import Size, TensorType, dtypes_compatible, extents_compatible
 
 # backend name -> factory(node) -> run(inputs, out). `inputs` are the operand arrays (host NumPy
 # arrays for "reference"/"cpu", device arrays for "cuda"); `out` is a preallocated array of the
@@ -20,7 +20,7 @@ from .types import Size, TensorType, dtypes_compatible, extents_compatible
 KernelFactory = Callable[["Node"], Callable[[Sequence[Any], Any], None]]
 
 # backend name -> factory(node, epilogue) -> run(inputs, extras, out): the anchor computes its
-# value and, before storing each element, applies the epilogue (see runtime.fusion.Epilogue).
+# value and, before storing each element, applies the epilogue (see runtime.plan.fusion.Epilogue).
 # `extras` are the epilogue's extra operands as arrays of out's shape (broadcast views).
 AnchorFactory = Callable[["Node", Any], Callable[[Sequence[Any], Sequence[Any], Any], None]]
 
@@ -201,7 +201,7 @@ class InferContext:
 
 
 def _is_floating(dtype: str) -> bool:
-    from .types import is_float
+    from runtime.core.types import is_float
 
     return is_float(dtype)
 

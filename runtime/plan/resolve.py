@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .atomspec import AtomSpec, InferContext, Node
-from .errors import fail
-from .model import Program
-from .types import TensorType
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.core.errors import fail
+from runtime.program.model import Program
+from runtime.core.types import TensorType
 
 
 def resolve_nodes(program: Program, specs: Sequence[AtomSpec], binding_types: Mapping[str, TensorType],

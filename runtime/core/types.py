@@ -31,7 +31,7 @@ def numpy_dtype(dtype: str) -> np.dtype:
         try:
             import ml_dtypes  # optional: only programs that use bfloat16 need it
         except ImportError:
-            from .errors import fail
+            from runtime.core.errors import fail
 
             fail("backend_unavailable", "$", "bfloat16 values need the ml_dtypes package "
                  "(pip install 'formula-runtime[bfloat16]')")

@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any, Callable, TypeVar
 
-from .errors import fail
+from runtime.core.errors import fail
 
 ENV = "FORMULA_MEMORY_LIMIT"
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

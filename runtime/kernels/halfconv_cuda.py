@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from .halves import scalar_conversion
+from runtime.kernels.halfconv import _views, scalar_conversion
 
 _one = scalar_conversion(cuda.jit(device=True))
 
@@ -17,3 +17,15 @@ def convert(src, dst, kind):
     while i < src.size:
         dst[i] = _one(src[i], kind)
         i += step
+
+
+CUDA_THREADS = 256
+CUDA_MAX_BLOCKS = 1024
+
+
+def convert_device(src, dst, kind: int) -> None:
+    """Widen or narrow device array ``src`` into ``dst`` (C-contiguous, same shape)."""
+    s, d = _views(src, dst, kind)
+    s, d = s.reshape(s.size), d.reshape(d.size)
+    blocks = max(1, min(CUDA_MAX_BLOCKS, -(-s.size // CUDA_THREADS)))
+    convert[blocks, CUDA_THREADS](s, d, kind)

@@ -6,7 +6,7 @@ import re
 
 import attrs
 
-from .errors import fail
+from runtime.core.errors import fail
 
 _REF = re.compile(
     r"^(?P<owner>[a-z0-9][a-z0-9_.-]*)/(?P<name>[a-z0-9][a-z0-9_.-]*)"

@@ -11,7 +11,7 @@ by a store. Choices the SPEC leaves open:
 - a Python number for a 0-d ``floating`` binding takes the float dtype of the other
   ``floating`` values of the run if they agree on one, else float64;
 - ``banks`` may be a Mapping or a bank store (any object with ``resolve_bank``, see
-  ``runtime.banks``), which then resolves every bank binding.
+  ``runtime.execution.banks``), which then resolves every bank binding.
 """
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .arrays import is_device_array
-from .finite import all_finite, device_all_finite
-from .banks import BankOperand, BankStore, binding_identity, tensor_fingerprint
-from .errors import FormulaError, fail
-from .memory import check_shape, check_working
-from .resident import ResidentBanks, owned_copy
-from .types import FLOAT_DTYPES, formula_dtype, numpy_dtype
+from runtime.kernels.arrays import is_device_array
+from runtime.kernels.finite import all_finite, device_all_finite
+from runtime.execution.banks import BankOperand, BankStore, binding_identity, tensor_fingerprint
+from runtime.core.errors import FormulaError, fail
+from runtime.plan.memory import check_shape, check_working
+from runtime.execution.resident import ResidentBanks, owned_copy
+from runtime.core.types import FLOAT_DTYPES, formula_dtype, numpy_dtype
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 NO_RESIDENT: Mapping[str, Any] = MappingProxyType({})
@@ -53,7 +53,7 @@ class BoundValues:
 def bind_values(program, inputs: Mapping[str, Any] | None, banks: Any,
                 memory_limit: int | None = None) -> BoundValues:
     """Check ``inputs``/``banks`` against the program's bindings (every SPEC §4 rule).
-    Resident banks (``runtime.resident``) were checked when loaded: only the inputs are,
+    Resident banks (``runtime.execution.resident``) were checked when loaded: only the inputs are,
     with the extents the banks fix. Shapes, dtypes and every limit (the program's and the
     runtime's ``memory_limit``) are checked for all values before any pass over their data."""
     inputs = _mapping(inputs, "$.inputs", "inputs")
@@ -80,7 +80,7 @@ def bind_values(program, inputs: Mapping[str, Any] | None, banks: Any,
 
 
 def bind_banks(program, banks: Any, memory_limit: int | None = None) -> tuple[BoundValues, dict[str, str]]:
-    """The bank bindings alone checked (for ``runtime.resident``), and where each symbol
+    """The bank bindings alone checked (for ``runtime.execution.resident``), and where each symbol
     they fix was bound. A Python number for a 0-d ``floating`` bank takes the float dtype of
     the other banks here (there are no inputs to agree with)."""
     if isinstance(banks, ResidentBanks):

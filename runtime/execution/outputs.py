@@ -6,7 +6,7 @@ whole kernel. Two ways to avoid it without ever overwriting memory the caller ca
 
 * ``out=``: the caller hands in the arrays to write (checked like bindings: keys, shape,
   dtype, layout, no overlap with any operand or other output).
-* :class:`runtime.pool.ResultPool`: each compiled plan keeps the last few result arrays it handed out and
+* :class:`runtime.execution.pool.ResultPool`: each compiled plan keeps the last few result arrays it handed out and
   reuses one only once nothing but the pool refers to it — no name, container, view,
   buffer export or weak reference. That is exactly the state in which freeing it would be
   safe, so reuse is indistinguishable from ``free`` followed by ``malloc`` of warm memory.
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import fail
+from runtime.core.errors import fail
 
-from .types import TensorType, numpy_dtype
+from runtime.core.types import TensorType, numpy_dtype
 
 def check_out(out: Any, outputs: tuple[str, ...], types: Mapping[str, TensorType],
               operands: Mapping[str, Any], device: Callable[[Any], bool]) -> dict[str, Any]:

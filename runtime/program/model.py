@@ -1,6 +1,6 @@
 """The program model: immutable records mirroring the JSON format (SPEC §2).
 
-Loading builds these from untrusted JSON (see ``runtime.loader``); everything downstream works
+Loading builds these from untrusted JSON (see ``runtime.program.loader``); everything downstream works
 on them, never on the raw dicts. ``Program.to_dict`` gives the JSON back field for field.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Union
 
 import attrs
 
-from .types import TensorType
+from runtime.core.types import TensorType
 
 TENSOR_TYPE_FIELDS = ("schema_ref", "axes", "sizes", "dtype", "domain")
 INPUT_FIELDS = ("kind", "name", "value_type")
@@ -159,7 +159,7 @@ class Program:
 
     @cached_property
     def bank_signature(self) -> tuple:
-        """What resident banks (``runtime.resident``) must agree on to serve this program:
+        """What resident banks (``runtime.execution.resident``) must agree on to serve this program:
         every bank binding's name, declared type and identity."""
         return tuple((b.name, b.value_type, b.source_ref, b.partition_id, b.asset_fingerprint,
                       b.bundle_id, tuple(b.member_ids)) for b in self.bank_bindings)

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from .atomspec import Node, ScalarOp
-from .fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
-from .types import TensorType
+from runtime.plugins.atomspec import Node, ScalarOp
+from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
+from runtime.core.types import TensorType
 
 # Longer chains split: compile time grows faster than linearly in a kernel's length, and one
 # more pass over memory per this many fused steps costs little.

@@ -4,7 +4,7 @@ offsets and the memory preflight of SPEC §5 — all decided before anything is 
 Atom-agnostic: atoms are known only through their traits (``elementwise``, ``anchors``,
 ``inplace``). Bindings and outputs are pinned (outputs are fresh arrays per run, never arena
 memory); temporaries live from their producing group to their last reading group and share
-one arena, packed greedily (``runtime.arena``).
+one arena, packed greedily (``runtime.plan.arena``).
 """
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from typing import Any
 
 import attrs
 
-from . import arena
-from .atomspec import Node
-from .errors import fail
-from .grouping import Group, make_groups
-from .memory import check_ceiling
-from .model import type_to_dict
-from .types import ITEMSIZE, TensorType
+from runtime.plan import arena
+from runtime.plugins.atomspec import Node
+from runtime.core.errors import fail
+from runtime.plan.grouping import Group, make_groups
+from runtime.plan.memory import check_ceiling
+from runtime.program.model import type_to_dict
+from runtime.core.types import ITEMSIZE, TensorType
 
 PINNED = ("input", "bank", "output")
 
@@ -145,7 +145,7 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
     ``binding_kinds`` (name -> "input" | "bank") labels the pinned buffers. With
     ``enforce=False`` a working set over ``max_working_bytes`` is reported (verdict
     "exceeds") instead of raised; per-tensor limits are always enforced. ``memory_limit``:
-    the runtime's own ceiling (:mod:`runtime.memory`), enforced like ``max_working_bytes``."""
+    the runtime's own ceiling (:mod:`runtime.plan.memory`), enforced like ``max_working_bytes``."""
     slot_index = slot_index or {}
     types = dict(binding_types)
     types.update({n.output_slot: n.output_type for n in nodes})

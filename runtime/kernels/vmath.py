@@ -32,7 +32,7 @@ from numba.extending import intrinsic, overload
 # Part of every generated source that uses it: a change here must change their text, so
 # Numba's disk cache (keyed by the generated file) never serves kernels built on the old code.
 VERSION = 2
-IMPORT = f"from runtime.vmath import vexp as _vexp  # vmath v{VERSION}"
+IMPORT = f"from runtime.kernels.vmath import vexp as _vexp  # vmath v{VERSION}"
 
 
 def _bits_as(float_type, int_type, llvm_type):

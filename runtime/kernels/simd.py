@@ -138,10 +138,10 @@ def lanes(dt: str) -> int:
 
 
 def ops_import(dt: str) -> str:
-    """``from runtime.simd import load_f32x8 as vload, ...`` (v-prefixed local names)."""
+    """``from runtime.kernels.simd import load_f32x8 as vload, ...`` (v-prefixed local names)."""
     suffix = "f32x8" if dt == "float32" else "f64x4"
     names = ", ".join(f"{op}_{suffix} as v{op}" for op in OPS)
-    return f"from runtime.simd import {names}  # simd v{VERSION}"
+    return f"from runtime.kernels.simd import {names}  # simd v{VERSION}"
 
 
 def _scan(load, zero, fma, hsum, width: int):
@@ -173,5 +173,5 @@ nonfinite_f64 = _scan(load_f64x4, zero_f64x4, fma_f64x4, hsum_f64x4, LANES_F64) 
 
 
 def scan_import(dt: str) -> str:
-    """``from runtime.simd import nonfinite_f32 as _nonfinite`` (versioned like ops_import)."""
-    return f"from runtime.simd import nonfinite_{'f32' if dt == 'float32' else 'f64'} as _nonfinite  # simd v{VERSION}"
+    """``from runtime.kernels.simd import nonfinite_f32 as _nonfinite`` (versioned like ops_import)."""
+    return f"from runtime.kernels.simd import nonfinite_{'f32' if dt == 'float32' else 'f64'} as _nonfinite  # simd v{VERSION}"

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .types import TensorType
+from runtime.core.types import TensorType
 
 
 def align_to(value, value_type: TensorType, target: TensorType, xp=np):

@@ -4,7 +4,7 @@ A run binds and checks the values (SPEC §4), finds or builds the compiled plan 
 extents (types, fused groups, kernels, arena layout, memory preflight — all before anything
 is allocated), then launches one kernel per group. Results never alias the arena or memory
 a later run writes: they are the caller's ``out=`` arrays, or arrays of the plan's
-:class:`~runtime.pool.ResultPool` (fresh, or ones the caller has let go of entirely).
+:class:`~runtime.execution.pool.ResultPool` (fresh, or ones the caller has let go of entirely).
 """
 from __future__ import annotations
 
@@ -17,24 +17,24 @@ from typing import Any
 import attrs
 import numpy as np
 
-from . import compilelog
-from .atomspec import Node
-from .backends.base import Backend
-from .arrays import is_device_array
-from .bindings import Binder, load_resident
-from .codegen import heal_numba_cache
-from .driver import Driver, build_driver
-from .errors import did_you_mean, fail
-from .memory import memory_limit as runtime_memory_limit, no_memory_error
-from .halves import widen_halves
-from .model import Program
-from .outputs import check_out
-from .pool import ResultPool
-from .planner import Plan, make_plan
-from .registry import Registry
-from .resident import ResidentBanks
-from .resolve import resolve_nodes
-from .types import FLOAT_DTYPES, TensorType, formula_dtype
+from runtime.kernels import compilelog
+from runtime.plugins.atomspec import Node
+from runtime.backends.base import Backend
+from runtime.kernels.arrays import is_device_array
+from runtime.execution.bindings import Binder, load_resident
+from runtime.kernels.codegen import heal_numba_cache
+from runtime.execution.driver import Driver, build_driver
+from runtime.core.errors import did_you_mean, fail
+from runtime.plan.memory import memory_limit as runtime_memory_limit, no_memory_error
+from runtime.plan.halves import widen_halves
+from runtime.program.model import Program
+from runtime.execution.outputs import check_out
+from runtime.execution.pool import ResultPool
+from runtime.plan.planner import Plan, make_plan
+from runtime.plugins.registry import Registry
+from runtime.execution.resident import ResidentBanks
+from runtime.plan.resolve import resolve_nodes
+from runtime.core.types import FLOAT_DTYPES, TensorType, formula_dtype
 
 MAX_CACHED_PLANS = 16
 DRIVER_AFTER_RUNS = 2  # a plan's compiled driver is built on its second run
@@ -104,7 +104,7 @@ class CompiledPlan:
         self._runs = 0
 
     def driver(self) -> Driver | None:
-        """The plan's kernels as one compiled call (:mod:`runtime.driver`), or None when one
+        """The plan's kernels as one compiled call (:mod:`runtime.execution.driver`), or None when one
         of them cannot be called from compiled code. Built when the plan runs a second time:
         a plan run once (a one-off call, a test) is not worth the driver's compilation."""
         if not self._driver_built:
@@ -139,7 +139,7 @@ class CompiledPlan:
 
 class Executable:
     def __init__(self, program: Program, backend: str, registry: Registry, memory_limit: Any = None):
-        """``memory_limit``: the runtime ceiling for every run (:func:`runtime.memory.memory_limit`)."""
+        """``memory_limit``: the runtime ceiling for every run (:func:`runtime.plan.memory.memory_limit`)."""
         self.memory_limit = runtime_memory_limit(memory_limit)
         heal_numba_cache()  # before the first kernel is loaded from the disk cache
         self.program = program

@@ -3,7 +3,7 @@ each atom can do on which backend, and which plugins failed to load and why.
 
 Each report is two steps, data then text (``atoms_table`` → ``format_atoms``,
 ``plugins_report`` → ``format_plugins``), so tools and tests read the rows and people
-read the text. Everything comes from a :class:`runtime.registry.Registry` as it stands;
+read the text. Everything comes from a :class:`runtime.plugins.registry.Registry` as it stands;
 nothing here calls plugin code.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .atomspec import AtomSpec
+from runtime.plugins.atomspec import AtomSpec
 
 BACKEND_ORDER = ("reference", "cpu", "cuda")  # the built-in backends first, then by name
 WIDTH = 100  # the reports fit a 100-column terminal
