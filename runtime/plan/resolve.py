@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node
-from runtime.core.errors import fail
+from runtime.core.errors import FormulaError, fail
 from runtime.program.model import Program
 from runtime.core.types import TensorType
 
@@ -21,13 +21,35 @@ def resolve_nodes(program: Program, specs: Sequence[AtomSpec], binding_types: Ma
         path = f"$.instructions[{i}]"
         operands = [types[s] for s in ins.input_slots]
         ctx = InferContext(spec, path, ins.attributes, operands, ins.input_slots, dims, planning=True)
-        inferred = spec.infer(ctx)
+        try:
+            inferred = spec.infer(ctx)
+        except FormulaError as err:
+            if err.code == "type_mismatch":
+                _check_floating_bindings(program, binding_types, spec.name, path)
+            raise
         declared = program.slot(ins.output_slot).value_type
         out = _unify(declared, inferred, dims, ins.output_slot, program.slot_index(ins.output_slot))
         types[ins.output_slot] = out
         nodes.append(Node(i, ins.instruction_id, spec, ins.attributes, ins.input_slots, ins.output_slot,
                           tuple(operands), out, path))
     return nodes, dims, types
+
+
+def _check_floating_bindings(program: Program, binding_types: Mapping[str, TensorType], atom: str,
+                             path: str) -> None:
+    """Operands that must share a dtype disagree only at run time when ``floating`` bindings
+    were bound to different float dtypes: that is the caller's binding, ``binding_dtype``
+    (SPEC §3b.3 item 3), named at the first binding that differs from the first."""
+    floating = [b for b in program.bindings if b.value_type.dtype == "floating" and b.name in binding_types]
+    if not floating:
+        return
+    first = binding_types[floating[0].name].dtype
+    for b in floating[1:]:
+        got = binding_types[b.name].dtype
+        if got != first:
+            fail("binding_dtype", f"$.{'inputs' if b.kind == 'input' else 'banks'}.{b.name}",
+                 f"{b.name!r} is bound as {got} but {floating[0].name!r} as {first}: the `floating` "
+                 f"bindings meet in {atom} ({path}), whose operands share one dtype")
 
 
 def _unify(declared: TensorType, inferred: TensorType, dims: dict[str, int], slot_id: str,

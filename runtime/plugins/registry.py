@@ -193,6 +193,10 @@ class Registry:
             merged = self._merged[ref] = self._with_kernels(spec)
             return merged
         family = ref.split("@", 1)[0]
+        if family.rpartition("/")[2].removeprefix("formula-atom-").startswith("neural-plasticity"):
+            fail("unknown_atom", path, f"{ref} is an effect atom (neural-plasticity*): effect atoms update "
+                                       f"state outside the program's outputs and are not executed by "
+                                       f"this runtime (SPEC §3b.3 item 5; arti refuses them too)")
         same_family = sorted(r for r in self.atoms if r.split("@", 1)[0] == family)
         close = same_family or difflib.get_close_matches(ref, list(self.atoms), n=3, cutoff=0.6)
         hint = f"; registered references close to it: {', '.join(close)}" if close else ""
