@@ -39,8 +39,11 @@ def test_transformer_block(benchmark, backend, tokens):
     except Unavailable as exc:
         pytest.skip(str(exc))
 
+    # the full block's down projection runs in float16: its rounding sets the tolerance
+    tol = 1e-2 if full else 1e-3
+
     def check(result):
-        np.testing.assert_allclose(np.asarray(result), _expected[tokens, full], rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(np.asarray(result), _expected[tokens, full], rtol=tol, atol=tol)
 
     check(run())  # warm-up: compilation stays untimed
     benchmark.group = f"transformer-block-T{tokens}"
