@@ -52,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "json", False):
             _emit(args, False, error={"code": exc.code, "path": exc.path, "message": exc.message})
         return 1
+    except BrokenPipeError:  # `formula atoms | head`: the reader left, as with any Unix tool
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit flush
+        return 141
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

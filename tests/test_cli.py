@@ -481,3 +481,15 @@ def test_run_random_checks_the_whole_plan_against_the_memory_ceiling(monkeypatch
     assert main(["run", SEED, "--random", "--dim", "B=1", "--dim", "S=64"]) == 1
     err = capsys.readouterr().err
     assert "[limit_exceeded]" in err and "working set" in err and "runtime memory limit" in err
+
+
+def test_a_reader_that_leaves_early_is_no_error():
+    """`formula atoms | head -1`: the closed pipe ends the command quietly (status 141)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "atoms"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 141 and err == "", err
