@@ -157,6 +157,7 @@ def _plain(anchor):
 
 SPECS = [
     AtomSpec(name="contract", refs=refs_for("contract"), inputs=("left", "right"),
+             dtypes={"left": "numeric", "right": "numeric"},
              attributes=frozenset({"reduce_axes", "output_axes", "accumulation_dtype"}),
              infer=infer_contract,
              kernels={"reference": _ref, "cpu": _plain(cpu_anchor), "cuda": _plain(cuda_anchor)},

@@ -409,6 +409,7 @@ def _spec(name, inputs, attributes, infer, reference, moves, summary, reads_all=
     """``reads_all``: the moves read every element of every operand (all but slice), so the
     cpu kernel can take over their finiteness check."""
     return AtomSpec(name=name, refs=refs_for(name), inputs=inputs, attributes=frozenset(attributes),
+                    dtypes={operand: "any" for operand in inputs},
                     infer=infer, kernels={"reference": reference, "cpu": mover_cpu(moves),
                                           "cuda": mover_cuda(moves)},
                     kernel_counts_nonfinite=frozenset({"cpu"}) if reads_all else frozenset(), summary=summary)

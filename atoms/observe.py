@@ -416,14 +416,17 @@ OBSERVED = ("value", "states", "mask", "activity")
 
 SPECS = [
     AtomSpec(name="observe-identity", refs=refs_for("observe-identity"), inputs=OBSERVED,
+             dtypes={"value": "floating", "states": "floating", "mask": "boolean", "activity": "floating|boolean"},
              attributes=frozenset(), infer=infer_identity,
              kernels={"reference": _ref_identity, "cpu": _cpu_identity, "cuda": _cuda_identity},
              summary="value [b,n,d] seen by each state [b,t,s]: mask ? value·activity : 0"),
     AtomSpec(name="observe-affine", refs=refs_for("observe-affine"), inputs=OBSERVED + ("weight", "bias"),
+             dtypes={"value": "floating", "states": "floating", "mask": "boolean", "activity": "floating|boolean", "weight": "floating", "bias": "floating"},
              attributes=frozenset({"scale"}), infer=infer_affine,
              kernels={"reference": _ref_affine, "cpu": _cpu_affine, "cuda": _cuda_affine},
              summary="value modulated by tanh of states·weightᵀ + bias, per state"),
     AtomSpec(name="observe-fourier", refs=refs_for("observe-fourier"), inputs=OBSERVED,
+             dtypes={"value": "floating", "states": "floating", "mask": "boolean", "activity": "floating|boolean"},
              attributes=frozenset({"spatial_shape", "state_mode", "direction_epsilon", "compile_policy"}),
              infer=infer_fourier,
              kernels={"reference": _ref_fourier, "cpu": _cpu_fourier, "cuda": _cuda_fourier},

@@ -371,6 +371,7 @@ def _cuda_rotary(node: Node):
 
 SPECS = [
     AtomSpec(name="position-sinusoidal", refs=refs_for("position-sinusoidal"),
+             dtypes={"coordinates": "coordinate"},
              inputs=("coordinates",),
              attributes=frozenset({"feature_axis", "feature_size", "dtype", "base"}),
              infer=infer_sinusoidal,
@@ -378,11 +379,13 @@ SPECS = [
              scratch_bytes=frequency_scratch,
              summary="interleaved sin/cos features of coordinates along a new last axis"),
     AtomSpec(name="position-relative", refs=refs_for("position-relative"), inputs=("left", "right"),
+             dtypes={"left": "coordinate", "right": "coordinate"},
              attributes=frozenset(), infer=infer_relative,
              kernels={"reference": _ref_relative, "cpu": _elementwise_cpu, "cuda": _elementwise_cuda},
              elementwise=lambda node: ScalarOp("({0} - {1})"),
              summary="left - right broadcast by axis name (an outer difference over unshared axes)"),
     AtomSpec(name="position-rotary", refs=refs_for("position-rotary"), inputs=("value", "coordinates"),
+             dtypes={"value": "floating", "coordinates": "coordinate"},
              attributes=frozenset({"feature_axis", "base"}), infer=infer_rotary,
              kernels={"reference": _ref_rotary, "cpu": _cpu_rotary, "cuda": _cuda_rotary},
              scratch_bytes=rotary_scratch,

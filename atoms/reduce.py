@@ -254,6 +254,7 @@ def _cuda(node: Node):
 
 SPECS = [
     AtomSpec(name="reduce", refs=refs_for("reduce"), inputs=("value",),
+             dtypes={"value": "numeric"},
              attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce,
              kernels={"reference": _reference, "cpu": _cpu, "cuda": _cuda},
              kernel_counts_nonfinite=frozenset({"cpu"}),
@@ -435,6 +436,7 @@ def _cuda2(node: Node):
 
 SPECS.append(
     AtomSpec(name="reduce@2", refs=refs_for("reduce", 2), inputs=("value",),
+             dtypes={"value": "floating"},
              attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce2,
              kernels={"reference": _reference2, "cpu": _cpu2, "cuda": _cuda2},
              summary="sum, mean, amax or logsumexp (stable) over one axis; the axis is removed"))

@@ -342,6 +342,7 @@ def scratch_bytes(node: Node, backend: str) -> int:
 
 SPECS = [
     AtomSpec(name="segment", refs=refs_for("segment"), inputs=("value", "ids", "mask"),
+             dtypes={"value": "floating", "ids": "int64", "mask": "boolean"},
              attributes=frozenset({"axis", "segment_axis", "num_segments", "mode", "accumulation_dtype"}),
              infer=infer_segment,
              kernels={"reference": _ref_segment, "cpu": _cpu_segment, "cuda": _cuda_segment},

@@ -223,6 +223,7 @@ def _cuda(node: Node):
 
 SPECS = [
     AtomSpec(name="masked-softmax", refs=refs_for("masked-softmax"), inputs=("logits", "mask"),
+             dtypes={"logits": "floating", "mask": "boolean"},
              attributes=frozenset({"axis", "accumulation_dtype"}), infer=infer_masked_softmax,
              kernels={"reference": _reference, "cpu": _cpu, "cuda": _cuda},
              kernel_counts_nonfinite=frozenset({"cpu"}),

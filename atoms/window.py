@@ -275,12 +275,14 @@ def _ref_axis_index(node: Node):
 
 SPECS = [
     AtomSpec(name="window", refs=refs_for("window"), inputs=("value",),
+             dtypes={"value": "any"},
              attributes=frozenset({"axis", "output_axis", "window_axis", "kernel_size", "stride", "dilation",
                                    "padding", "output_size"}),
              infer=infer_window, kernels={"reference": _ref_window, "cpu": _cpu_window, "cuda": _cuda_window},
              half_native=HALF_NATIVE,
              summary="sliding windows along one axis (kernel, stride, dilation, zero padding)"),
     AtomSpec(name="axis-index", refs=refs_for("axis-index"), inputs=("reference",),
+             dtypes={"reference": "any"},
              attributes=frozenset({"axis"}), infer=infer_axis_index,
              kernels={"reference": _ref_axis_index, "cpu": _cpu_axis_index, "cuda": _cuda_axis_index},
              half_native=HALF_NATIVE,

@@ -13,6 +13,23 @@ BINDING_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")  # bindings and membe
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 DTYPES = ("floating",) + FLOAT_DTYPES + ("int64", "boolean")
 
+# what an atom may declare an operand accepts (AtomSpec.dtypes; "a|b" joins two classes)
+DTYPE_CLASSES = {
+    "floating": ("floating",) + FLOAT_DTYPES,
+    "int64": ("int64",),
+    "boolean": ("boolean",),
+    "numeric": ("floating",) + FLOAT_DTYPES + ("int64",),
+    "coordinate": FLOAT_DTYPES + ("int64",),  # position atoms: a concrete float or int64
+    "any": DTYPES,
+}
+
+
+def dtype_class_members(expr: str) -> tuple[str, ...]:
+    """The dtypes a class expression such as ``"floating|boolean"`` admits (KeyError if unknown)."""
+    members = {d for part in expr.split("|") for d in DTYPE_CLASSES[part]}
+    return tuple(d for d in DTYPES if d in members)
+
+
 Size = int | str  # a static extent, or a symbol bound once per run
 
 # bytes per element of each concrete dtype: the one table (bfloat16 needs no ml_dtypes here)

@@ -73,6 +73,9 @@ class AtomSpec:
     # backend)``): the §5 preflight counts the largest of them in the working set (§3b.3 item 7)
     scratch_bytes: Callable[["Node", str], int] | None = None
     summary: str = ""
+    # operand name -> the dtype class it accepts (runtime.core.types.DTYPE_CLASSES, "a|b" for
+    # either), shown by ``formula atoms``; ``infer`` is what enforces it
+    dtypes: Mapping[str, str] = attrs.field(factory=dict)
 
     @property
     def ref(self) -> str:

@@ -12,6 +12,7 @@ import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from runtime.core.types import DTYPE_CLASSES, dtype_class_members
 from runtime.plugins.atomspec import AtomSpec
 
 BACKEND_ORDER = ("reference", "cpu", "cuda")  # the built-in backends first, then by name
@@ -61,6 +62,10 @@ def atoms_table(registry) -> list[dict[str, Any]]:
             "distribution": owner.distribution if owner else None,
             "version": owner.version if owner else None,
             "inputs": list(spec.inputs),
+            # operand -> the dtypes it accepts, expanded from the declared class (None: undeclared)
+            "dtypes": {op: list(dtype_class_members(spec.dtypes[op])) if op in spec.dtypes else None
+                       for op in spec.inputs},
+            "dtype_classes": {op: spec.dtypes.get(op) for op in spec.inputs},
             "attributes": sorted(spec.attributes),
             "backends": _sorted_backends(spec.kernels),
             "elementwise": spec.elementwise is not None,
@@ -86,9 +91,14 @@ def _traits(row: dict[str, Any]) -> str:
     return ", ".join(traits) or "-"
 
 
+def _operand_dtypes(row: dict[str, Any]) -> str:
+    return "; ".join(f"{op}: {cls or 'undeclared'}" for op, cls in row["dtype_classes"].items())
+
+
 def format_atoms(rows: Sequence[dict[str, Any]]) -> str:
     """A table within WIDTH columns: reference, atom, distribution, backends with kernels;
-    an atom's traits on an indented line below its row (a fifth column would not fit)."""
+    below each row, indented, the dtypes each operand accepts and the atom's traits (more
+    columns would not fit); a legend of the dtype classes closes the table."""
     if not rows:
         return "no atoms are registered (is formula-runtime's built-in 'atoms' plugin loadable?)"
     header = ("REFERENCE", "ATOM", "PROVIDED BY", "KERNELS")
@@ -102,11 +112,20 @@ def format_atoms(rows: Sequence[dict[str, Any]]) -> str:
     lines = []
     for line, row in zip(table, [None, *rows]):
         lines.append("  ".join(_elide(cell, w).ljust(w) for cell, w in zip(line, widths)).rstrip())
-        traits = _traits(row) if row is not None else "-"
+        if row is None:
+            continue
+        if any(row["dtype_classes"].values()):  # a plugin that declares none gets no line
+            lines += _wrapped("    dtypes ", _operand_dtypes(row))
+        traits = _traits(row)
         if traits != "-":
             lines += _wrapped("    ", traits)
     distinct = len({r["alias_of"] or r["reference"] for r in rows})
     lines.append(f"{len(rows)} references, {distinct} atoms")
+    used = sorted({part for r in rows for cls in r["dtype_classes"].values() if cls
+                   for part in cls.split("|")} & (set(DTYPE_CLASSES) - {"int64", "boolean"}))
+    if used:
+        lines += _wrapped("dtype classes: ", "; ".join(
+            f"{c} = {' '.join(d for d in DTYPE_CLASSES[c] if d != 'floating')}" for c in used))
     return "\n".join(line.rstrip() for line in lines)
 
 

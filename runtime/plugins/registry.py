@@ -22,6 +22,7 @@ from runtime.plugins import hookspecs
 from runtime.plugins.atomspec import AtomSpec
 from runtime.core.errors import FormulaError, did_you_mean, fail
 from runtime.core.refs import is_ref
+from runtime.core.types import DTYPE_CLASSES, dtype_class_members
 
 BUILTIN_PLUGINS = ("atoms", "runtime.backends", "runtime.execution.banks")
 DISABLE_AUTOLOAD_ENV = "FORMULA_DISABLE_PLUGIN_AUTOLOAD"
@@ -298,6 +299,15 @@ def _check_spec(spec: object, info: PluginInfo) -> None:
         raise TypeError(f"{where}: atom {spec.name!r} has no callable infer")
     if spec.inplace is not None and not 0 <= spec.inplace < len(spec.inputs):
         raise ValueError(f"{where}: atom {spec.name!r} declares inplace operand {spec.inplace}")
+    for operand, expr in spec.dtypes.items():
+        if operand not in spec.inputs:
+            raise ValueError(f"{where}: atom {spec.name!r} declares dtypes of {operand!r}, "
+                             f"which is not one of its inputs {list(spec.inputs)}")
+        try:
+            dtype_class_members(expr)
+        except (KeyError, AttributeError):
+            raise ValueError(f"{where}: atom {spec.name!r} declares {operand!r} as {expr!r}; "
+                             f"expected one of {sorted(DTYPE_CLASSES)} or two joined by '|'") from None
 
 
 def _own_version() -> str:

@@ -60,9 +60,11 @@ def test_format_atoms_text():
     k = next(i for i, line in enumerate(lines) if line.startswith("diag-test/formula-atom-twice@2"))
     assert "twice (alias)" in lines[k] and "diag-dist" in lines[k] and "reference, cpu, rocm" in lines[k]
     assert lines[k + 1] == "    elementwise (fusable), in-place on value"  # traits below their row
+    # these atoms declare no dtypes: no dtypes line and no legend
     k = next(i for i, line in enumerate(lines) if line.startswith("diag-test/formula-atom-only-ref@1"))
     assert lines[k + 1] == "    anchor (cpu), value checks"
     assert lines[-1] == "3 references, 2 atoms"
+    assert "dtypes" not in text
     assert "no atoms" in diagnostics.format_atoms([])
 
 

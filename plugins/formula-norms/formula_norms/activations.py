@@ -79,6 +79,7 @@ def _cuda(node: Node):
 
 SPECS = [AtomSpec(
     name="scalar-map-ext", refs=refs_for("scalar-map-ext"), inputs=("value",),
+    dtypes={"value": "floating"},
     attributes=frozenset({"mode"}), infer=infer_scalar_map_ext,
     kernels={"reference": _reference, "cpu": _cpu, "cuda": _cuda},
     elementwise=_elementwise, inplace=0,

@@ -99,6 +99,7 @@ def _cuda(kind: str):
 def _spec(name: str, summary: str) -> AtomSpec:
     return AtomSpec(
         name=name, refs=refs_for(name), inputs=("value",), attributes=ATTRIBUTES,
+        dtypes={"value": "floating"},
         infer=infer_norm,
         kernels={"reference": _reference(name), "cpu": _cpu(name), "cuda": _cuda(name)},
         summary=summary)
