@@ -30,7 +30,7 @@ from numba import njit, prange
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to
-from runtime.core.types import TensorType, accumulation_dtype, is_float, numpy_dtype
+from runtime.core.types import TensorType, is_float
 
 from ._refs import refs_for
 from . import _copy, _rows

@@ -11,7 +11,6 @@ preflight through ``AtomSpec.scratch_bytes`` (§3b.3 item 7).
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np

@@ -18,7 +18,7 @@ from runtime.core.types import NAME_RE, TensorType
 
 from . import _rows
 from ._refs import refs_for
-from .layout import BITS, _i64, c_strides, device_bits, flat_view, out_bits
+from .layout import _i64, c_strides, device_bits, flat_view, out_bits
 
 HALF_NATIVE = frozenset({"cpu", "cuda"})  # data movement: half values are copied as bits
 

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from runtime.core.errors import FormulaError, did_you_mean, fail
+from runtime.core.errors import FormulaError, fail
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
-import numpy as np
 
 from runtime.core.types import TensorType
 from runtime.kernels.halfconv import BF16_TO_F32, F16_TO_F32, F32_TO_BF16, F32_TO_F16, convert_host
