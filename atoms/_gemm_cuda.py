@@ -7,7 +7,8 @@ import math
 import numpy as np
 
 from runtime.kernels.codegen import configure_numba_cache, load_generated
-from runtime.plan.fusion import Epilogue
+from runtime.plan.fusion import EMPTY_EPILOGUE, Epilogue
+from runtime.plugins.kernel import Kernel, KernelRequest
 
 from ._gemm import Lowering, anchor_dtype, c_strides, group_offsets, keepdims_strides
 
@@ -63,9 +64,10 @@ def _flat_device(x):
     return x.reshape((size,)) if x.shape != (size,) else x
 
 
-def cuda_anchor(node, epilogue: Epilogue, low: Lowering):
-    """``run(inputs, extras, out)`` on device arrays (C-contiguous operands; extras in keepdims
-    form of out's type, i.e. extent 1 on broadcast axes)."""
+def cuda_anchor(request: KernelRequest, low: Lowering) -> Kernel:
+    """The kernel on device arrays (C-contiguous operands; extras in keepdims form of out's
+    type, i.e. extent 1 on broadcast axes). It counts nothing."""
+    node, epilogue = request.node, request.epilogue or EMPTY_EPILOGUE
     lt, rt = node.input_types
     dt = anchor_dtype(node, epilogue, "cuda")
     out_type = node.output_type
@@ -104,4 +106,4 @@ def cuda_anchor(node, epilogue: Epilogue, low: Lowering):
         arrays = [_flat_device(inputs[0]), _flat_device(inputs[1]), _flat_device(out)]
         arrays += [_flat_device(x) for x in extras]
         kernel[grid, (T, T)](*arrays, tab, *starts, nb, m, n, k)
-    return run
+    return Kernel(run)

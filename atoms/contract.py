@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node
-from runtime.plan.fusion import EMPTY_EPILOGUE, Epilogue
+from runtime.plugins.kernel import Kernel, KernelRequest, node_kernel
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
 from . import _gemm, _gemm_cuda
@@ -140,19 +140,12 @@ def _lowering(node: Node) -> _gemm.Lowering:
     return _gemm.lower(lt, rt, [tuple(p) for p in node.attributes["reduce_axes"]])
 
 
-def cpu_anchor(node: Node, epilogue: Epilogue):
-    return _gemm.cpu_anchor(node, epilogue, _lowering(node))
+def cpu_anchor(request: KernelRequest) -> Kernel:
+    return _gemm.cpu_anchor(request, _lowering(request.node))
 
 
-def cuda_anchor(node: Node, epilogue: Epilogue):
-    return _gemm_cuda.cuda_anchor(node, epilogue, _lowering(node))
-
-
-def _plain(anchor):
-    def factory(node: Node):
-        run = anchor(node, EMPTY_EPILOGUE)
-        return lambda inputs, out: run(inputs, (), out)
-    return factory
+def cuda_anchor(request: KernelRequest) -> Kernel:
+    return _gemm_cuda.cuda_anchor(request, _lowering(request.node))
 
 
 SPECS = [
@@ -160,8 +153,7 @@ SPECS = [
              dtypes={"left": "numeric", "right": "numeric"},
              attributes=frozenset({"reduce_axes", "output_axes", "accumulation_dtype"}),
              infer=infer_contract,
-             kernels={"reference": _ref, "cpu": _plain(cpu_anchor), "cuda": _plain(cuda_anchor)},
-             anchors={"cpu": cpu_anchor, "cuda": cuda_anchor},
-             anchor_counts_nonfinite=frozenset({"cpu"}),
+             kernels={"reference": node_kernel(_ref), "cpu": cpu_anchor, "cuda": cuda_anchor},
+             anchors=frozenset({"cpu", "cuda"}),
              summary="sum over reduced axis pairs by name (batched GEMM; anchors epilogues)"),
 ]

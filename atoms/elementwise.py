@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp
+from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel
 from runtime.core.errors import fail
 from runtime.plan.fusion import Epilogue, EpilogueStep
 from runtime.kernels.layout import align_to
@@ -306,28 +307,32 @@ def _unsupported(node: Node, backend: str) -> None:
                  f"{node.atom.name} has no {backend} kernel for {t.dtype}; use backend='reference'")
 
 
-def _cpu(node: Node):
+def _cpu(request: KernelRequest) -> Kernel:
+    """The node as a one-step chain: it counts the operands the request asks for (the chain
+    kernel counts its extras, here the node's operands)."""
     from runtime.backends.cpu_codegen import elementwise_kernel
 
+    node = request.node
     _unsupported(node, "cpu")
-    kernel = elementwise_kernel(single_step(node), node.output_type)
+    chain = elementwise_kernel(KernelRequest(None, single_step(node), count_extras=request.count_inputs))
     types, target = node.input_types, node.output_type
 
-    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
-        kernel([align_to(x, t, target) for x, t in zip(inputs, types)], out)
-    return run
+    def run(inputs: Sequence[np.ndarray], extras, out: np.ndarray) -> int | None:
+        return chain((), [align_to(x, t, target) for x, t in zip(inputs, types)], out)
+    return Kernel(run, Counts(inputs=chain.counts.extras))
 
 
-def _cuda(node: Node):
+def _cuda(request: KernelRequest) -> Kernel:
     from runtime.backends.cuda_codegen import align_device, elementwise_kernel
 
+    node = request.node
     _unsupported(node, "cuda")
-    kernel = elementwise_kernel(single_step(node), node.output_type)
+    chain = elementwise_kernel(KernelRequest(None, single_step(node)))
     types, target = node.input_types, node.output_type
 
-    def run(inputs, out) -> None:
-        kernel([align_device(x, t, target) for x, t in zip(inputs, types)], out)
-    return run
+    def run(inputs, extras, out) -> None:
+        chain((), [align_device(x, t, target) for x, t in zip(inputs, types)], out)
+    return Kernel(run)
 
 
 def _op(mode_of):
@@ -335,7 +340,7 @@ def _op(mode_of):
 
 
 def _kernels(reference):
-    return {"reference": reference, "cpu": _cpu, "cuda": _cuda}
+    return {"reference": node_kernel(reference), "cpu": _cpu, "cuda": _cuda}
 
 
 SPECS = [

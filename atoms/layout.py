@@ -18,6 +18,7 @@ import attrs
 import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel, plain_kernel
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to
 from runtime.core.types import NAME_RE, Size, TensorType
@@ -266,11 +267,14 @@ def _i64(v: Sequence[int]) -> np.ndarray:
     return np.array(v, dtype=np.int64)
 
 
-def mover_cpu(make_moves: Callable[[Node, Sequence[tuple[int, ...]]], list[Move]]):
+def mover_cpu(make_moves: Callable[[Node, Sequence[tuple[int, ...]]], list[Move]], reads_all: bool = True):
     """A cpu kernel factory running ``make_moves`` with the operands' actual strides. With
-    ``checked`` (operands that the moves read in full), ``run`` also counts their NaN and
-    ±inf values, by exponent bits, in the copy's own pass."""
-    def factory(node: Node, checked: Sequence[int] = ()):
+    ``reads_all`` (the moves read every element of every operand), the kernel counts the NaN
+    and ±inf values of the operands the request asks for, by exponent bits, in the copy's
+    own pass."""
+    def factory(request: KernelRequest) -> Kernel:
+        node = request.node
+        checked = request.count_inputs if reads_all else ()
         item = _itemsize(node.output_type)
         masks = [_copy.exponent_mask(t.dtype, item) if k in checked else _copy.exponent_mask("", item)
                  for k, t in enumerate(node.input_types)]
@@ -294,7 +298,7 @@ def mover_cpu(make_moves: Callable[[Node, Sequence[tuple[int, ...]]], list[Move]
                 flat, origin, _ = views[src]
                 found += kernel(flat, origin + soff, sstr, dst, doff, dstr, shape, mask, ntask)
             return found
-        return run
+        return plain_kernel(run, Counts(inputs=tuple(checked)))
     return factory
 
 
@@ -410,9 +414,9 @@ def _spec(name, inputs, attributes, infer, reference, moves, summary, reads_all=
     cpu kernel can take over their finiteness check."""
     return AtomSpec(name=name, refs=refs_for(name), inputs=inputs, attributes=frozenset(attributes),
                     dtypes={operand: "any" for operand in inputs},
-                    infer=infer, kernels={"reference": reference, "cpu": mover_cpu(moves),
-                                          "cuda": mover_cuda(moves)},
-                    kernel_counts_nonfinite=frozenset({"cpu"}) if reads_all else frozenset(), summary=summary)
+                    infer=infer, kernels={"reference": node_kernel(reference), "cpu": mover_cpu(moves, reads_all),
+                                          "cuda": node_kernel(mover_cuda(moves))},
+                    summary=summary)
 
 
 SPECS = [

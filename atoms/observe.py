@@ -15,6 +15,7 @@ import numpy as np
 from numba import prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import fail, json_kind
 from runtime.core.types import TensorType, is_float, numpy_dtype
 
@@ -418,18 +419,18 @@ SPECS = [
     AtomSpec(name="observe-identity", refs=refs_for("observe-identity"), inputs=OBSERVED,
              dtypes={"value": "floating", "states": "floating", "mask": "boolean", "activity": "floating|boolean"},
              attributes=frozenset(), infer=infer_identity,
-             kernels={"reference": _ref_identity, "cpu": _cpu_identity, "cuda": _cuda_identity},
+             kernels={"reference": node_kernel(_ref_identity), "cpu": node_kernel(_cpu_identity), "cuda": node_kernel(_cuda_identity)},
              summary="value [b,n,d] seen by each state [b,t,s]: mask ? value·activity : 0"),
     AtomSpec(name="observe-affine", refs=refs_for("observe-affine"), inputs=OBSERVED + ("weight", "bias"),
              dtypes={"value": "floating", "states": "floating", "mask": "boolean", "activity": "floating|boolean", "weight": "floating", "bias": "floating"},
              attributes=frozenset({"scale"}), infer=infer_affine,
-             kernels={"reference": _ref_affine, "cpu": _cpu_affine, "cuda": _cuda_affine},
+             kernels={"reference": node_kernel(_ref_affine), "cpu": node_kernel(_cpu_affine), "cuda": node_kernel(_cuda_affine)},
              summary="value modulated by tanh of states·weightᵀ + bias, per state"),
     AtomSpec(name="observe-fourier", refs=refs_for("observe-fourier"), inputs=OBSERVED,
              dtypes={"value": "floating", "states": "floating", "mask": "boolean", "activity": "floating|boolean"},
              attributes=frozenset({"spatial_shape", "state_mode", "direction_epsilon", "compile_policy"}),
              infer=infer_fourier,
-             kernels={"reference": _ref_fourier, "cpu": _cpu_fourier, "cuda": _cuda_fourier},
+             kernels={"reference": node_kernel(_ref_fourier), "cpu": node_kernel(_cpu_fourier), "cuda": node_kernel(_cuda_fourier)},
              scratch_bytes=fourier_scratch,
              summary="the value's [H, W] image shifted circularly by each state's (dx, dy)"),
 ]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp
+from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import json_kind
 from runtime.kernels.layout import align_to
 from runtime.core.types import NAME_RE, TensorType
@@ -375,19 +376,19 @@ SPECS = [
              inputs=("coordinates",),
              attributes=frozenset({"feature_axis", "feature_size", "dtype", "base"}),
              infer=infer_sinusoidal,
-             kernels={"reference": _ref_sinusoidal, "cpu": _cpu_sinusoidal, "cuda": _cuda_sinusoidal},
+             kernels={"reference": node_kernel(_ref_sinusoidal), "cpu": node_kernel(_cpu_sinusoidal), "cuda": node_kernel(_cuda_sinusoidal)},
              scratch_bytes=frequency_scratch,
              summary="interleaved sin/cos features of coordinates along a new last axis"),
     AtomSpec(name="position-relative", refs=refs_for("position-relative"), inputs=("left", "right"),
              dtypes={"left": "coordinate", "right": "coordinate"},
              attributes=frozenset(), infer=infer_relative,
-             kernels={"reference": _ref_relative, "cpu": _elementwise_cpu, "cuda": _elementwise_cuda},
+             kernels={"reference": node_kernel(_ref_relative), "cpu": _elementwise_cpu, "cuda": _elementwise_cuda},
              elementwise=lambda node: ScalarOp("({0} - {1})"),
              summary="left - right broadcast by axis name (an outer difference over unshared axes)"),
     AtomSpec(name="position-rotary", refs=refs_for("position-rotary"), inputs=("value", "coordinates"),
              dtypes={"value": "floating", "coordinates": "coordinate"},
              attributes=frozenset({"feature_axis", "base"}), infer=infer_rotary,
-             kernels={"reference": _ref_rotary, "cpu": _cpu_rotary, "cuda": _cuda_rotary},
+             kernels={"reference": node_kernel(_ref_rotary), "cpu": node_kernel(_cpu_rotary), "cuda": node_kernel(_cuda_rotary)},
              scratch_bytes=rotary_scratch,
              summary="rotary embedding: adjacent feature pairs rotated by coordinate x frequency"),
 ]

@@ -15,6 +15,7 @@ import numpy as np
 from numba import prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel, plain_kernel
 from runtime.core.errors import fail
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 from runtime.kernels.vmath import vexp
@@ -196,11 +197,13 @@ def _split(node: Node) -> tuple[int, int, int]:
     return math.prod(shape[:position]), shape[position], math.prod(shape[position + 1:])
 
 
-def _cpu(node: Node, checked: Sequence[int] = ()):
-    """``checked == (0,)``: ``run`` returns 1 when the value holds a NaN or ±inf, found through
-    the sums: every element is a term of one of them, and a NaN or ±inf term makes its sum NaN
-    or ±inf (an overflowing sum of finite values also counts; the executor then finds the
-    value finite and goes on)."""
+def _cpu(request: KernelRequest) -> Kernel:
+    """Asked to count the value (``count_inputs == (0,)``), the kernel returns 1 when it holds
+    a NaN or ±inf, found through the sums: every element is a term of one of them, and a NaN
+    or ±inf term makes its sum NaN or ±inf (an overflowing sum of finite values also counts;
+    the executor then finds the value finite and goes on)."""
+    node = request.node
+    checked = request.count_inputs
     from runtime.kernels import simd
     from runtime.backends import cpu_codegen as cg
 
@@ -228,7 +231,7 @@ def _cpu(node: Node, checked: Sequence[int] = ()):
         flat = out.reshape(-1)
         kernel(x.reshape(-1), flat, outer, k, inner, block, ntask)
         return scan(flat, 0, size) if scan is not None else 0
-    return run
+    return plain_kernel(run, Counts(inputs=(0,) if scan is not None else ()))
 
 
 def _cuda(node: Node):
@@ -256,8 +259,7 @@ SPECS = [
     AtomSpec(name="reduce", refs=refs_for("reduce"), inputs=("value",),
              dtypes={"value": "numeric"},
              attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce,
-             kernels={"reference": _reference, "cpu": _cpu, "cuda": _cuda},
-             kernel_counts_nonfinite=frozenset({"cpu"}),
+             kernels={"reference": node_kernel(_reference), "cpu": _cpu, "cuda": node_kernel(_cuda)},
              summary="sum over one axis in index order (deterministic); the axis is removed"),
 ]
 
@@ -371,10 +373,10 @@ def _cpu2(node: Node):
     if mode in ("sum", "mean"):
         node1 = attrs.evolve(node, attributes={"axis": node.attributes["axis"], "mode": "sum",
                                                "accumulation_dtype": "activation"})
-        summed = _cpu(node1)
+        summed = _cpu(KernelRequest(node1))
 
         def run_sum(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
-            summed(inputs, out)
+            summed(inputs, (), out)
             if mode == "mean":
                 np.divide(out, out.dtype.type(k), out=out)
         return run_sum
@@ -438,5 +440,5 @@ SPECS.append(
     AtomSpec(name="reduce@2", refs=refs_for("reduce", 2), inputs=("value",),
              dtypes={"value": "floating"},
              attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce2,
-             kernels={"reference": _reference2, "cpu": _cpu2, "cuda": _cuda2},
+             kernels={"reference": node_kernel(_reference2), "cpu": node_kernel(_cpu2), "cuda": node_kernel(_cuda2)},
              summary="sum, mean, amax or logsumexp (stable) over one axis; the axis is removed"))

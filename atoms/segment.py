@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to
 from runtime.core.types import TensorType
@@ -344,7 +345,7 @@ SPECS = [
              dtypes={"value": "floating", "ids": "int64", "mask": "boolean"},
              attributes=frozenset({"axis", "segment_axis", "num_segments", "mode", "accumulation_dtype"}),
              infer=infer_segment,
-             kernels={"reference": _ref_segment, "cpu": _cpu_segment, "cuda": _cuda_segment},
+             kernels={"reference": node_kernel(_ref_segment), "cpu": node_kernel(_cpu_segment), "cuda": node_kernel(_cuda_segment)},
              check_values=check_segment_ids, checked_inputs=(1, 2), scratch_bytes=scratch_bytes,
              summary="sum, mean, amax or softmax over id groups along one axis (masked entries ignored)"),
 ]

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel, plain_kernel
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
@@ -166,9 +167,10 @@ def _keepdims(mask: np.ndarray, mt: TensorType, lt: TensorType) -> np.ndarray:
     return moved.reshape(tuple(present.get(a, 1) for a in lt.axes))
 
 
-def _cpu(node: Node, checked: Sequence[int] = ()):
-    """``checked == (0,)``: ``run`` also counts the logits' NaN and ±inf entries (masked ones
-    too), read in the pass that finds each row's maximum."""
+def _cpu(request: KernelRequest) -> Kernel:
+    """Asked to count the logits (``count_inputs`` has 0), the kernel also counts their NaN
+    and ±inf entries (masked ones too), read in the pass that finds each row's maximum."""
+    node = request.node
     from runtime.backends import cpu_codegen as cg
 
     _check_device(node, "cpu")
@@ -176,7 +178,7 @@ def _cpu(node: Node, checked: Sequence[int] = ()):
     position, rank, lead, pattern = _layout(node)
     dt = cg.numba_type(lt.dtype, node.path, "masked-softmax")
     space = [k for k in range(rank) if k != position]
-    check = 0 in checked
+    check = 0 in request.count_inputs
     body = _cpu_body(position, len(space), pattern, lambda k: f"_u({k})", check)
     flag = "bad" if check else None
     args = [("lg", dt, rank, False), ("mk", "boolean", rank, False), ("out", dt, rank, True)]
@@ -195,7 +197,7 @@ def _cpu(node: Node, checked: Sequence[int] = ()):
         if lead:
             lg, m, out = lg.reshape(shape), m.reshape((1,) + m.shape), out.reshape(shape)
         return kernel([lg, m, out], space_shape, work)
-    return run
+    return plain_kernel(run, Counts(inputs=(0,) if check else ()))
 
 
 def _cuda(node: Node):
@@ -225,7 +227,6 @@ SPECS = [
     AtomSpec(name="masked-softmax", refs=refs_for("masked-softmax"), inputs=("logits", "mask"),
              dtypes={"logits": "floating", "mask": "boolean"},
              attributes=frozenset({"axis", "accumulation_dtype"}), infer=infer_masked_softmax,
-             kernels={"reference": _reference, "cpu": _cpu, "cuda": _cuda},
-             kernel_counts_nonfinite=frozenset({"cpu"}),
+             kernels={"reference": node_kernel(_reference), "cpu": _cpu, "cuda": node_kernel(_cuda)},
              summary="stable softmax over visible entries along an axis; masked entries 0"),
 ]

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import fail, json_kind
 from runtime.core.types import NAME_RE, TensorType
 
@@ -278,13 +279,13 @@ SPECS = [
              dtypes={"value": "any"},
              attributes=frozenset({"axis", "output_axis", "window_axis", "kernel_size", "stride", "dilation",
                                    "padding", "output_size"}),
-             infer=infer_window, kernels={"reference": _ref_window, "cpu": _cpu_window, "cuda": _cuda_window},
+             infer=infer_window, kernels={"reference": node_kernel(_ref_window), "cpu": node_kernel(_cpu_window), "cuda": node_kernel(_cuda_window)},
              half_native=HALF_NATIVE,
              summary="sliding windows along one axis (kernel, stride, dilation, zero padding)"),
     AtomSpec(name="axis-index", refs=refs_for("axis-index"), inputs=("reference",),
              dtypes={"reference": "any"},
              attributes=frozenset({"axis"}), infer=infer_axis_index,
-             kernels={"reference": _ref_axis_index, "cpu": _cpu_axis_index, "cuda": _cuda_axis_index},
+             kernels={"reference": node_kernel(_ref_axis_index), "cpu": node_kernel(_cpu_axis_index), "cuda": node_kernel(_cuda_axis_index)},
              half_native=HALF_NATIVE,
              summary="the positions 0..n-1 of one axis of the reference (int64)"),
 ]

@@ -54,7 +54,7 @@ def main(T: int, reps: int = 20) -> None:
               compiled.launches[0].output: rng.standard_normal((1, T, 32), dtype=np.float32)}
     extras = [align(values[s]) for s, align in zip(launch.extras, launch.aligners)]
     out = np.empty(launch.output_type.shape, np.float32)
-    run = lambda o: launch.run([values[s] for s in launch.inputs], extras, o)
+    run = lambda o: launch.kernel([values[s] for s in launch.inputs], extras, o)
     print(f"  last group into a reused output: {median_ms(lambda: run(out), reps):.2f} ms")
     print(f"  last group into a fresh output:  "
           f"{median_ms(lambda: run(np.empty(launch.output_type.shape, np.float32)), reps):.2f} ms")

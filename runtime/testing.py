@@ -89,6 +89,7 @@ def run_kernel(spec, attributes, types: Sequence[TensorType], values: Sequence[n
     """One atom's kernel on one backend, outside any program: bind the node from ``types``,
     fill a fresh output (through device memory for ``cuda``) and return it as a host array."""
     from runtime.plugins.atomspec import bind_node
+    from runtime.plugins.kernel import KernelRequest
 
     node = bind_node(spec, attributes, types)
     out = np.empty(node.output_type.shape, dtype=numpy_dtype(node.output_type.dtype))
@@ -96,7 +97,7 @@ def run_kernel(spec, attributes, types: Sequence[TensorType], values: Sequence[n
         from numba import cuda
 
         dev = cuda.device_array(out.shape, dtype=out.dtype)
-        node.atom.kernels["cuda"](node)([cuda.to_device(np.array(v, order="C")) for v in values], dev)
+        node.atom.kernels["cuda"](KernelRequest(node))([cuda.to_device(np.array(v, order="C")) for v in values], (), dev)
         return dev.copy_to_host()
-    node.atom.kernels[backend](node)(values, out)
+    node.atom.kernels[backend](KernelRequest(node))(values, (), out)
     return out

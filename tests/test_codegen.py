@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from atoms.elementwise import SPECS
 from runtime.plugins.atomspec import bind_node
+from runtime.plugins.kernel import KernelRequest
 from runtime.backends import cpu_codegen
 from runtime.backends.cuda_codegen import align_device
 from runtime.backends.cuda_codegen import elementwise_kernel as cuda_kernel
@@ -41,15 +42,15 @@ def sequential(epilogue, nodes, extras):
         operands = [value if s == CHAIN else extras[s] for s in step.sources]
         out = np.empty(node.output_type.shape, dtype=operands[-1].dtype if node.atom.name == "select"
                        else operands[0].dtype)
-        node.atom.kernels["reference"](node)(operands, out)
+        node.atom.kernels["reference"](KernelRequest(node))(operands, (), out)
         value = out
     return value
 
 
 def run_cpu(epilogue, out_type, extras, dtype):
     out = np.empty(out_type.shape, dtype=dtype)
-    kernel = cpu_codegen.elementwise_kernel(epilogue, out_type)
-    kernel([align_to(x, t, out_type) for x, t in zip(extras, epilogue.extra_types)], out)
+    kernel = cpu_codegen.elementwise_kernel(KernelRequest(None, epilogue))
+    kernel((), [align_to(x, t, out_type) for x, t in zip(extras, epilogue.extra_types)], out)
     return out
 
 
@@ -57,9 +58,9 @@ def run_cuda(epilogue, out_type, extras, dtype):
     from numba import cuda
 
     out = cuda.device_array(out_type.shape, dtype=dtype)
-    kernel = cuda_kernel(epilogue, out_type)
-    kernel([align_device(cuda.to_device(np.array(x, order="C")), t, out_type)
-            for x, t in zip(extras, epilogue.extra_types)], out)
+    kernel = cuda_kernel(KernelRequest(None, epilogue))
+    kernel((), [align_device(cuda.to_device(np.array(x, order="C")), t, out_type)
+                for x, t in zip(extras, epilogue.extra_types)], out)
     return out.copy_to_host()
 
 
@@ -141,15 +142,15 @@ def test_generated_source_is_cached_as_a_file_and_reused():
     from runtime.kernels.codegen import cache_dir
 
     (epilogue, _), xt = seed_chain([2, 3])
-    k1 = cpu_codegen.elementwise_kernel(epilogue, xt)
-    k2 = cpu_codegen.elementwise_kernel(epilogue, xt)
+    k1 = cpu_codegen.elementwise_kernel(KernelRequest(None, epilogue))
+    k2 = cpu_codegen.elementwise_kernel(KernelRequest(None, epilogue))
     files = list((cache_dir() / "generated").glob("_formula_ew_*.py"))
     assert files and any(epilogue.key in f.read_text() for f in files)
     out1, out2 = np.empty((2, 3), np.float32), np.empty((2, 3), np.float32)
     ones = [np.ones((2, 3), np.float32), np.ones(3, np.float32), np.ones((2, 3), np.float32)]
     extras = [align_to(x, t, xt) for x, t in zip(ones, epilogue.extra_types)]
-    k1(extras, out1)
-    k2(extras, out2)
+    k1((), extras, out1)
+    k2((), extras, out2)
     np.testing.assert_array_equal(out1, out2)
 
 
@@ -157,6 +158,6 @@ def test_unsupported_dtype_is_backend_unavailable():
     (epilogue, nodes), xt = seed_chain([2, 3], "float16")
     for make in (cpu_codegen.elementwise_kernel, cuda_kernel):
         with pytest.raises(FormulaError) as info:
-            make(epilogue, xt)
+            make(KernelRequest(None, epilogue))
         assert info.value.code == "backend_unavailable"
         assert info.value.path == nodes[-1].path and "float16" in info.value.message

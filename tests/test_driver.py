@@ -3,6 +3,7 @@ when every kernel can be called from compiled code and the bindings have the lay
 built for; otherwise (and for traces) kernels are launched one by one from Python."""
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
@@ -21,13 +22,12 @@ def counted_launches(compiled):
     """Wrap every launch's runner so the test sees whether Python launched it."""
     calls = []
     for i, launch in enumerate(compiled.launches):
-        inner = launch.run
+        inner = launch.kernel
 
         def run(*args, _inner=inner, _i=i):
             calls.append(_i)
             return _inner(*args)
-        run.compiled = getattr(inner, "compiled", None)
-        launch.run = run
+        launch.kernel = attrs.evolve(inner, run=run)
     return calls
 
 

@@ -250,7 +250,7 @@ def _packs(exe):
     found = []
     for compiled in exe._plans.values():
         for launch in compiled.launches:
-            call = getattr(launch.run, "compiled", None)
+            call = launch.kernel.compiled
             for p in getattr(call, "params", ()):
                 if p.kind == "derived":
                     found.append(p.value)

@@ -5,18 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runtime.plan.fusion import Epilogue
 from runtime.core.types import TensorType
+from runtime.plugins.kernel import Kernel, KernelRequest
 
 
 class Backend:
     name: str = "?"
     fuses: bool = False  # whether the planner should form fused groups for this backend
     device_memory: bool = False  # arrays live on a device: host values are copied in and out
-    # whether ``elementwise_kernel`` honours ``Epilogue.checked``: its run then returns the
-    # count of non-finite values read among those extras (SPEC §4 finiteness of bindings,
-    # fused into the pass that reads them anyway), and the run skips its own pass over them
-    chain_counts_nonfinite: bool = False
     # whether every kernel computes float16/bfloat16 itself; otherwise the planner runs half
     # work in float32 between planner-made conversions (runtime.plan.halves, SPEC §3b.1)
     half_kernels: bool = False
@@ -51,10 +47,10 @@ class Backend:
         raise NotImplementedError
 
     # --- kernels ------------------------------------------------------------------------
-    def elementwise_kernel(self, epilogue: Epilogue, out_type: TensorType):
-        """A kernel ``run(extras, out)`` computing an anchorless fused elementwise chain,
-        ``extras`` being the epilogue's operands in keepdims form of ``out_type``; it returns
-        the count of non-finite ``checked`` extras' values (see ``chain_counts_nonfinite``)."""
+    def elementwise_kernel(self, request: KernelRequest) -> Kernel:
+        """The kernel of an anchorless fused elementwise chain (``request.epilogue``, no node),
+        under the one kernel contract (runtime.plugins.kernel): its extras are the epilogue's
+        operands in the keepdims form of the output; it counts what its ``counts`` says."""
         raise NotImplementedError
 
     def synchronize(self) -> None:

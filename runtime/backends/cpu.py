@@ -7,9 +7,7 @@ from runtime.backends.host import HostBackend
 class CpuBackend(HostBackend):
     name = "cpu"
     fuses = True
-    chain_counts_nonfinite = True
-
-    def elementwise_kernel(self, epilogue, out_type):
+    def elementwise_kernel(self, request):
         from runtime.backends.cpu_codegen import elementwise_kernel
 
-        return elementwise_kernel(epilogue, out_type)
+        return elementwise_kernel(request)

@@ -21,7 +21,7 @@ import numpy as np
 from runtime.kernels import vmath
 from runtime.kernels.codegen import configure_numba_cache, load_generated
 from runtime.core.errors import FormulaError
-from runtime.plan.fusion import Epilogue
+from runtime.plugins.kernel import Counts, Kernel, KernelRequest
 from runtime.core.types import TensorType
 
 # Below this many elements of work a call runs on one thread: a parallel region costs more
@@ -164,15 +164,16 @@ def collapse_groups(patterns: Sequence[Sequence[bool]], rank: int) -> list[list[
     return groups
 
 
-def elementwise_kernel(epilogue: Epilogue, out_type: TensorType):
-    """``run(extras, out)`` computing an anchorless chain over ``out``'s shape.
+def elementwise_kernel(request: KernelRequest) -> Kernel:
+    """The kernel of an anchorless chain (``request.epilogue``) over its output's shape.
 
-    ``extras`` are NumPy arrays of ``out``'s shape (broadcast views welcome). Statically known
-    broadcast axes are cut to extent 1 and read at index 0, and runs of axes with the same
-    broadcast pattern are collapsed, so a same-shape chain is one flat vectorisable loop.
-    With ``epilogue.checked`` it returns how many blocks of the loop read a non-finite value
-    among those extras (nonzero exactly when one did)."""
-    if epilogue.empty:
+    Its extras are NumPy arrays of the output's shape (broadcast views welcome). Statically
+    known broadcast axes are cut to extent 1 and read at index 0, and runs of axes with the
+    same broadcast pattern are collapsed, so a same-shape chain is one flat vectorisable loop.
+    It counts the non-finite values of the ``request.count_extras`` extras it reads: it
+    returns how many blocks of the loop read one (nonzero exactly when one did)."""
+    epilogue, out_type = request.epilogue, request.output_type
+    if epilogue is None or epilogue.empty:
         raise ValueError("an anchorless elementwise kernel needs at least one step")
     node = epilogue.steps[-1].node
     what = node.atom.name
@@ -194,16 +195,17 @@ def elementwise_kernel(epilogue: Epilogue, out_type: TensorType):
             slicer = None
         prepare.append((slicer, cshape))
     args.append(("out", out_dt, rank, True))
-    flag = "bad" if epilogue.checked else None  # counts the checked extras' non-finite values
-    lines, result = epilogue.emit(None, reads, nonfinite=flag)
+    checked = request.count_extras
+    flag = "bad" if checked else None  # counts the checked extras' non-finite values
+    lines, result = epilogue.emit(None, reads, nonfinite=flag, checked=checked)
     body = lines + [f"out[{index_expr(names, [False] * rank)}] = {result}"]
     dims = [f"out.shape[{k}]" for k in range(rank)]
-    label = f"elementwise {epilogue.key} -> {out_type.describe()}"
+    label = f"elementwise {epilogue.key}{f' counting {checked}' if checked else ''} -> {out_type.describe()}"
     kernel = NestKernel("ew", lambda par: render(label, args, loop_nest(dims, body, par, flag), par,
                                                  "int64" if flag else "void"))
 
-    def run(extras: Sequence[np.ndarray], out: np.ndarray) -> int | None:
+    def run(inputs: Sequence[np.ndarray], extras: Sequence[np.ndarray], out: np.ndarray) -> int | None:
         arrays = [contiguous(x, sl, cs) for x, (sl, cs) in zip(extras, prepare)]
         arrays.append(out.reshape(out_shape))
         return kernel(arrays, out_shape)
-    return run
+    return Kernel(run, Counts(extras=tuple(checked)))

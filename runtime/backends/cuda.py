@@ -63,10 +63,10 @@ class CudaBackend(Backend):
 
         return device_aligner(value_type, target)
 
-    def elementwise_kernel(self, epilogue, out_type):
+    def elementwise_kernel(self, request):
         from runtime.backends.cuda_codegen import elementwise_kernel
 
-        return elementwise_kernel(epilogue, out_type)
+        return elementwise_kernel(request)
 
     def synchronize(self) -> None:
         self.cuda.synchronize()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.kernels.codegen import configure_numba_cache, load_generated
-from runtime.plan.fusion import Epilogue
+from runtime.plugins.kernel import Kernel, KernelRequest
 from runtime.kernels.layout import keepdims_aligner, keepdims_order
 from runtime.core.types import TensorType
 from runtime.backends.cpu_codegen import broadcast_axes, index_expr, numba_type
@@ -83,10 +83,11 @@ def as_rank1(value):
     return value.reshape((1,)) if len(value.shape) == 0 else value
 
 
-def elementwise_kernel(epilogue: Epilogue, out_type: TensorType):
-    """``run(extras, out)`` computing an anchorless chain over ``out``'s shape on the device;
-    ``extras`` are device arrays in keepdims form for ``out_type``."""
-    if epilogue.empty:
+def elementwise_kernel(request: KernelRequest) -> Kernel:
+    """The kernel of an anchorless chain (``request.epilogue``) over its output's shape on the
+    device; its extras are device arrays in keepdims form of the output. It counts nothing."""
+    epilogue, out_type = request.epilogue, request.output_type
+    if epilogue is None or epilogue.empty:
         raise ValueError("an anchorless elementwise kernel needs at least one step")
     node = epilogue.steps[-1].node
     what = node.atom.name
@@ -106,9 +107,9 @@ def elementwise_kernel(epilogue: Epilogue, out_type: TensorType):
     n = math.prod(out_type.shape)
     scalar = out_type.rank == 0
 
-    def run(extras, out) -> None:
+    def run(inputs, extras, out) -> None:
         if scalar:
             kernel([as_rank1(x) for x in extras] + [as_rank1(out)], 1)
         else:
             kernel([*extras, out], n)
-    return run
+    return Kernel(run)

@@ -9,5 +9,5 @@ class ReferenceBackend(HostBackend):
     fuses = False
     half_kernels = True  # NumPy computes each atom in c(acc, d) and rounds once
 
-    def elementwise_kernel(self, epilogue, out_type):
+    def elementwise_kernel(self, request):
         raise NotImplementedError("the reference backend runs every instruction on its own")

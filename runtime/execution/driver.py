@@ -9,7 +9,7 @@ layout-derived argument worked out when the driver is built.
 That is only sound for arrays of a known layout, so a driver takes a run only when every
 binding is C-contiguous and aligned (:meth:`Driver.takes`; arena views and results always
 are); other runs, and traced ones, launch kernel by kernel. A kernel takes part by carrying a
-:class:`CompiledCall` as its ``compiled`` attribute: its Numba dispatcher and the meaning of
+:class:`CompiledCall` as its ``Kernel.compiled`` entry: its Numba dispatcher and the meaning of
 each of its parameters under that assumption. The driver passes the very types a Python
 launch passes (flat C-contiguous arrays, int64 scalars: never literals, which Numba would
 compile a new specialisation of the kernel for), so it reuses the kernels' compiled code.
@@ -64,14 +64,14 @@ def const_array(value: np.ndarray) -> Param:
 
 @attrs.frozen(eq=False)
 class CompiledCall:
-    """How compiled code calls a kernel whose operands are C-contiguous, aligned arrays of
-    their types. ``guard``: a context manager the call must run inside (entered once around
-    the whole driver); ``counts``: the kernel returns a count of non-finite values read."""
+    """How compiled code calls a kernel (``Kernel.compiled``) whose operands are C-contiguous,
+    aligned arrays of their types. ``guard``: a context manager the call must run inside
+    (entered once around the whole driver). It returns the count the ``Kernel`` returns when
+    that kernel counts anything (``Kernel.counts``)."""
 
     kernel: Any  # a Numba dispatcher defined at module level in an importable module
     params: tuple[Param, ...]
     guard: Any = None
-    counts: bool = False
 
 
 @contextlib.contextmanager
@@ -121,7 +121,7 @@ def build_driver(launches: Sequence[Any], bindings: frozenset[str]) -> Driver | 
     value check to run between kernels or a kernel without a :class:`CompiledCall`."""
     calls = []
     for launch in launches:
-        call = getattr(launch.run, "compiled", None)
+        call = launch.kernel.compiled
         if launch.checks or not isinstance(call, CompiledCall):
             return None
         calls.append(call)
@@ -157,7 +157,7 @@ def build_driver(launches: Sequence[Any], bindings: frozenset[str]) -> Driver | 
             else:
                 raise ValueError(f"unknown kernel parameter kind {p.kind!r}")
         call_line = f"k{i}({', '.join(args)})"
-        body.append(f"    n += {call_line}" if call.counts else f"    {call_line}")
+        body.append(f"    n += {call_line}" if launch.kernel.counts.any else f"    {call_line}")
     order = sorted(slots, key=slots.get)
     params = [f"v{j}" for j in range(len(order))] + ["c"] + [f"q{j}" for j in range(len(arrays))] + \
         [f"d{j}" for j in range(len(derived))]

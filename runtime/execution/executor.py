@@ -19,6 +19,7 @@ import numpy as np
 
 from runtime.kernels import compilelog
 from runtime.plugins.atomspec import Node
+from runtime.plugins.kernel import Kernel, KernelRequest
 from runtime.backends.base import Backend
 from runtime.kernels.arrays import is_device_array
 from runtime.execution.bindings import Binder, load_resident
@@ -66,8 +67,7 @@ class Result(Mapping):
 class _Launch:
     """One group, ready to run: the kernel and where its operands live."""
 
-    run: Any
-    kind: str  # "node" | "anchor" | "chain"
+    kernel: Kernel
     inputs: tuple[str, ...]  # anchor (or lone node) operand slots
     extras: tuple[str, ...]  # epilogue operand slots, aligned to the output
     extra_types: tuple[TensorType, ...]
@@ -84,7 +84,7 @@ class CompiledPlan:
                  upfront_checks, backend, resident: frozenset[str] = frozenset()):
         self.plan = plan
         self.resident = resident  # banks whose runs bind runtime-owned C-order copies
-        # float bindings a kernel reads in full and checks itself (see AtomSpec.anchor_counts_nonfinite)
+        # float bindings a kernel reads in full and counts itself (Kernel.counts)
         self.deferred_finite = frozenset(s for launch in launches for s in launch.counts_nonfinite)
         self.types = types
         self.launches = launches
@@ -233,49 +233,42 @@ class Executable:
         return CompiledPlan(plan, types, launches, tuple(upfront), self.backend, resident)
 
     def _launch(self, group, checks, unclaimed: set[str], resident: frozenset[str]) -> _Launch:
+        """The group's kernel, asked (``KernelRequest``) to count the non-finite values of the
+        float bindings in ``unclaimed`` that it reads; it answers with what it counts."""
         backend = self.backend.name
-        node_counted: tuple[str, ...] = ()
         label = {"instructions": [n.instruction_id for n in group.nodes],
                  "atoms": [n.atom.ref for n in group.nodes], "backend": backend}
-        epilogue = group.epilogue
+        epilogue = None if group.epilogue.empty else group.epilogue
+        extra_slots = group.epilogue.extra_slots
+        count_extras = tuple(k for k, slot in enumerate(extra_slots) if slot in unclaimed)
         if group.anchor is None:
-            if self.backend.chain_counts_nonfinite:
-                checked = tuple(k for k, slot in enumerate(epilogue.extra_slots) if slot in unclaimed)
-                epilogue = attrs.evolve(epilogue, checked=checked)
-            run, kind, inputs = self.backend.elementwise_kernel(epilogue, group.output_type), "chain", ()
+            inputs: tuple[str, ...] = ()
+            request = KernelRequest(None, epilogue, count_extras=count_extras)
+            kernel = self.backend.elementwise_kernel(request)
         else:
             anchor = group.anchor
             inputs = anchor.input_slots
-            if epilogue.empty:
-                factory = anchor.atom.kernels.get(backend)
-                kind = "node"
-                if factory is not None and backend in anchor.atom.kernel_counts_nonfinite:
-                    own = tuple(k for k, slot in enumerate(inputs) if slot in unclaimed)
-                    run = factory(anchor, own)
-                    node_counted = tuple(inputs[k] for k in own)
-                else:
-                    run = factory(anchor) if factory else None
-            else:
-                factory = anchor.atom.anchors.get(backend)
-                kind = "anchor"
-                fixed = tuple(k for k, slot in enumerate(inputs) if slot in resident)
-                if fixed:
-                    epilogue = attrs.evolve(epilogue, resident_anchor_inputs=fixed)
-                if backend in anchor.atom.anchor_counts_nonfinite:
-                    checked = tuple(k for k, slot in enumerate(epilogue.extra_slots) if slot in unclaimed)
-                    own = tuple(k for k, slot in enumerate(inputs) if slot in unclaimed)
-                    epilogue = attrs.evolve(epilogue, checked=checked, checked_anchor_inputs=own)
-                run = factory(anchor, epilogue) if factory else None
-            if run is None:
+            factory = anchor.atom.kernels.get(backend)
+            if factory is None:
                 fail("backend_unavailable", anchor.path,
                      f"atom {anchor.atom.name} ({anchor.atom.ref}) has no {backend!r} kernel; "
                      f"it has: {', '.join(sorted(anchor.atom.kernels)) or 'none'}")
-        aligners = tuple(self.backend.aligner(t, group.output_type) for t in epilogue.extra_types)
-        counted = tuple(dict.fromkeys([*node_counted, *(inputs[k] for k in epilogue.checked_anchor_inputs),
-                                       *(epilogue.extra_slots[k] for k in epilogue.checked)]))
+            request = KernelRequest(
+                anchor, epilogue, count_inputs=tuple(k for k, slot in enumerate(inputs) if slot in unclaimed),
+                count_extras=count_extras, resident=tuple(k for k, slot in enumerate(inputs) if slot in resident))
+            kernel = factory(request)
+            if not isinstance(kernel, Kernel):
+                fail("plugin_error", anchor.path,
+                     f"the {backend!r} kernel factory of atom {anchor.atom.name} ({anchor.atom.ref}) "
+                     f"returned {type(kernel).__name__}, not a runtime.plugins.kernel.Kernel")
+        counts = kernel.counts  # only what was asked can be claimed
+        counted = tuple(dict.fromkeys([*(inputs[k] for k in counts.inputs if k in request.count_inputs),
+                                       *(extra_slots[k] for k in counts.extras if k in request.count_extras)]))
         if counted:
             label["checks_finite"] = list(counted)
-        return _Launch(run, kind, tuple(inputs), epilogue.extra_slots, epilogue.extra_types, aligners,
+        extra_types = group.epilogue.extra_types
+        aligners = tuple(self.backend.aligner(t, group.output_type) for t in extra_types)
+        return _Launch(kernel, tuple(inputs), extra_slots, extra_types, aligners,
                        counted, group.output_slot, group.output_type, checks, label)
 
     # --- running ------------------------------------------------------------------------
@@ -392,17 +385,10 @@ class Executable:
                 _check(node, positions, lambda slot: backend.to_host(values[slot]))
             out = values[launch.output]
             started = time.perf_counter() if records is not None else 0.0
-            if launch.kind == "node":
-                if launch.run([values[s] for s in launch.inputs], out) and launch.counts_nonfinite:
-                    self._binder.check_finite(bound, launch.counts_nonfinite, *raw)
-            else:
-                extras = [align(values[s]) for s, align in zip(launch.extras, launch.aligners)]
-                if launch.kind == "anchor":
-                    found = launch.run([values[s] for s in launch.inputs], extras, out)
-                else:
-                    found = launch.run(extras, out)
-                if found:  # non-finite values read
-                    self._binder.check_finite(bound, launch.counts_nonfinite, *raw)
+            extras = [align(values[s]) for s, align in zip(launch.extras, launch.aligners)]
+            found = launch.kernel([values[s] for s in launch.inputs], extras, out)
+            if found and launch.counts_nonfinite:  # non-finite values read
+                self._binder.check_finite(bound, launch.counts_nonfinite, *raw)
             if records is not None:
                 backend.synchronize()
                 records.append({**launch.label, "output": launch.output,

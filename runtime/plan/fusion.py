@@ -34,11 +34,6 @@ class Epilogue:
     steps: tuple[EpilogueStep, ...]
     extra_slots: tuple[str, ...]  # slots read by the steps, besides the chain value
     extra_types: tuple[TensorType, ...]
-    checked: tuple[int, ...] = ()  # extras whose non-finite values the kernel must count
-    checked_anchor_inputs: tuple[int, ...] = ()  # the anchor's operands it must count too
-    # the anchor's operands that are resident banks: runtime-owned values that never change
-    # while they live, which a kernel may transform once (e.g. pack) and reuse run after run
-    resident_anchor_inputs: tuple[int, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -49,7 +44,7 @@ class Epilogue:
         return len(self.extra_slots)
 
     def emit(self, value: str | None, extras: Sequence[str], indent: str = "",
-             nonfinite: str | None = None) -> tuple[list[str], str]:
+             nonfinite: str | None = None, checked: Sequence[int] = ()) -> tuple[list[str], str]:
         """Lines computing the chain from ``value`` (None for a chain with no anchor) and the
         element expressions ``extras``; returns the lines and the name of the result. With
         ``nonfinite`` (a boolean variable of the kernel), the lines also set it when one of the
@@ -57,7 +52,7 @@ class Epilogue:
         at the full vector width, where an int64 count would halve it."""
         lines = [f"{indent}_e{k} = {src}" for k, src in enumerate(extras)]
         if nonfinite is not None:
-            lines += [f"{indent}{nonfinite} |= (_e{k} - _e{k}) != 0" for k in self.checked]
+            lines += [f"{indent}{nonfinite} |= (_e{k} - _e{k}) != 0" for k in checked]
         current = value
         for s, step in enumerate(self.steps):
             args = [current if src == CHAIN else f"_e{src}" for src in step.sources]
@@ -72,7 +67,7 @@ class Epilogue:
     @property
     def key(self) -> str:
         """A stable digest of the scalar code, for naming generated kernels."""
-        text = "|".join(f"{s.op.expr}:{s.sources}" for s in self.steps) + f"|checked={self.checked}|{self.checked_anchor_inputs}"
+        text = "|".join(f"{s.op.expr}:{s.sources}" for s in self.steps)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -22,6 +22,7 @@ import attrs
 from runtime.core.types import TensorType
 from runtime.kernels.halfconv import BF16_TO_F32, F16_TO_F32, F32_TO_BF16, F32_TO_F16, convert_host
 from runtime.plugins.atomspec import AtomSpec, Node
+from runtime.plugins.kernel import node_kernel
 
 HALF_DTYPES = ("float16", "bfloat16")
 WIDE = "~f32"  # suffix of a half slot's float32 temporary (never a valid slot id: no clash)
@@ -54,7 +55,7 @@ def _infer_unused(ctx):  # the planner builds these nodes with their types; no p
     raise AssertionError("half conversions are planner-made nodes")
 
 
-_KERNELS = {"cpu": _cpu_factory, "cuda": _cuda_factory}
+_KERNELS = {"cpu": node_kernel(_cpu_factory), "cuda": node_kernel(_cuda_factory)}
 WIDEN = AtomSpec("half-widen", ("formula-runtime/half-widen@1",), ("value",), frozenset(), _infer_unused,
                  kernels=_KERNELS, summary="float16/bfloat16 -> float32, exactly (planner-made)")
 NARROW = AtomSpec("half-narrow", ("formula-runtime/half-narrow@1",), ("value",), frozenset(), _infer_unused,

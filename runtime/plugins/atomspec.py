@@ -13,16 +13,13 @@ import attrs
 from runtime.core.errors import FormulaError, fail, json_kind as _json_kind
 from runtime.core.types import Size, TensorType, dtypes_compatible, extents_compatible
 
-# backend name -> factory(node) -> run(inputs, out). `inputs` are the operand arrays (host NumPy
-# arrays for "reference"/"cpu", device arrays for "cuda"); `out` is a preallocated array of the
-# node's output type to fill. A kernel never writes its inputs (unless the planner aliased `out`
-# to the operand named by ``AtomSpec.inplace``).
-KernelFactory = Callable[["Node"], Callable[[Sequence[Any], Any], None]]
+from runtime.plugins.kernel import Kernel, KernelRequest
 
-# backend name -> factory(node, epilogue) -> run(inputs, extras, out): the anchor computes its
-# value and, before storing each element, applies the epilogue (see runtime.plan.fusion.Epilogue).
-# `extras` are the epilogue's extra operands as arrays of out's shape (broadcast views).
-AnchorFactory = Callable[["Node", Any], Callable[[Sequence[Any], Sequence[Any], Any], None]]
+# backend name -> factory(request) -> Kernel (runtime.plugins.kernel: the one kernel contract).
+# The kernel's operands are host NumPy arrays for "reference"/"cpu", device arrays for "cuda";
+# ``out`` is a preallocated array of the output type to fill. A kernel never writes its inputs
+# (unless the planner aliased ``out`` to the operand named by ``AtomSpec.inplace``).
+KernelFactory = Callable[[KernelRequest], Kernel]
 
 
 @attrs.frozen
@@ -52,17 +49,9 @@ class AtomSpec:
     check_values: Callable[["Node", Sequence[Any]], None] | None = None
     checked_inputs: tuple[int, ...] = ()
     elementwise: Callable[["Node"], ScalarOp] | None = None  # fusable as an epilogue
-    anchors: Mapping[str, AnchorFactory] = attrs.field(factory=dict)  # may absorb an epilogue
-    # backends whose anchor kernel honours ``Epilogue.checked`` and ``checked_anchor_inputs``:
-    # it counts the non-finite values of those operands and returns the count, so the run can
-    # skip its own pass over them (SPEC §4 finiteness of bindings, fused into a kernel that
-    # reads them anyway)
-    anchor_counts_nonfinite: frozenset[str] = frozenset()
-    # backends whose node kernel does the same for a lone node: its factory is then called as
-    # ``factory(node, checked)`` (``checked``: positions of float operands, each of which the
-    # kernel reads in full) and ``run`` returns a count, non-zero when one of those operands
-    # holds a NaN or ±inf
-    kernel_counts_nonfinite: frozenset[str] = frozenset()
+    # backends whose kernel takes an epilogue (``KernelRequest.epilogue``): the planner fuses
+    # elementwise successors into it, applied before each store
+    anchors: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     inplace: int | None = None  # operand whose buffer the output may reuse
     # backends whose kernels take float16/bfloat16 operands as they are (data movement by item
     # size: gather, window, layout copies, cast). On the other fusing backends the planner
@@ -210,7 +199,7 @@ def _is_floating(dtype: str) -> bool:
 
 
 __all__ = ["AtomSpec", "ScalarOp", "Node", "InferContext", "FormulaError", "KernelFactory",
-           "AnchorFactory"]
+           "Kernel", "KernelRequest"]
 
 
 def bind_node(spec: AtomSpec, attributes: Mapping[str, Any], input_types: Sequence[TensorType],

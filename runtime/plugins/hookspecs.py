@@ -27,9 +27,10 @@ def formula_register_backends(register):
 
 @hookspec
 def formula_register_kernels(register):
-    """Call ``register(atom_ref, backend, kernel=..., anchor=...)`` to give an atom kernels on a
-    backend, typically an atom another plugin owns (a ROCm backend's kernels for the built-in
-    atoms). They replace the atom's own ``AtomSpec.kernels`` / ``anchors`` for that backend."""
+    """Call ``register(atom_ref, backend, kernel=factory, anchors=False)`` to give an atom a
+    kernel on a backend, typically an atom another plugin owns (a ROCm backend's kernels for
+    the built-in atoms). ``factory(request) -> Kernel`` (runtime.plugins.kernel) replaces the
+    atom's own kernel for that backend; ``anchors=True`` when it takes epilogues."""
 
 
 @hookspec(firstresult=True)

@@ -87,8 +87,8 @@ class Registry:
             self._own_hook(plugin, "formula_register_atoms")(register=atoms.append)
             self._own_hook(plugin, "formula_register_backends")(register=backends.append)
             self._own_hook(plugin, "formula_register_kernels")(
-                register=lambda atom_ref, backend, kernel=None, anchor=None: kernels.append(
-                    _kernel_entry(atom_ref, backend, kernel, anchor, info)))
+                register=lambda atom_ref, backend, kernel=None, anchors=False: kernels.append(
+                    _kernel_entry(atom_ref, backend, kernel, anchors, info)))
             for spec in atoms:
                 _check_spec(spec, info)
             self._claim_atoms(atoms, info)
@@ -208,18 +208,11 @@ class Registry:
         entries = [e for (ref, _), e in self.kernels.items() if ref in spec.refs]
         if not entries:
             return spec
-        kernels, anchors = dict(spec.kernels), dict(spec.anchors)
-        counts_kernel, counts_anchor = set(spec.kernel_counts_nonfinite), set(spec.anchor_counts_nonfinite)
-        for e in entries:  # each replaces what it gives; finiteness counting was the atom's own
-            if e.kernel is not None:
-                kernels[e.backend] = e.kernel
-                counts_kernel.discard(e.backend)
-            if e.anchor is not None:
-                anchors[e.backend] = e.anchor
-                counts_anchor.discard(e.backend)
-        return attrs.evolve(spec, kernels=kernels, anchors=anchors,
-                            kernel_counts_nonfinite=frozenset(counts_kernel),
-                            anchor_counts_nonfinite=frozenset(counts_anchor))
+        kernels, anchors = dict(spec.kernels), set(spec.anchors)
+        for e in entries:  # each replaces the atom's kernel on its backend, epilogues included
+            kernels[e.backend] = e.kernel
+            (anchors.add if e.anchors else anchors.discard)(e.backend)
+        return attrs.evolve(spec, kernels=kernels, anchors=frozenset(anchors))
 
     def kernel_owner(self, spec: AtomSpec, backend: str) -> PluginInfo | None:
         """The plugin that registered ``spec``'s kernels for ``backend`` through
@@ -257,24 +250,25 @@ class KernelEntry:
 
     atom_ref: str
     backend: str
-    kernel: object  # factory(node) as AtomSpec.kernels, or None
-    anchor: object  # factory(node, epilogue) as AtomSpec.anchors, or None
+    kernel: object  # factory(request) -> Kernel, as AtomSpec.kernels
+    anchors: bool  # the kernel takes epilogues (AtomSpec.anchors)
     owner: PluginInfo
 
 
-def _kernel_entry(atom_ref, backend, kernel, anchor, info: PluginInfo) -> KernelEntry:
+def _kernel_entry(atom_ref, backend, kernel, anchors, info: PluginInfo) -> KernelEntry:
     where = f"plugin {info.describe()}"
     if not isinstance(atom_ref, str) or not is_ref(atom_ref):
         raise ValueError(f"{where} registered kernels for a malformed atom reference {atom_ref!r}")
     if not isinstance(backend, str) or not backend:
         raise ValueError(f"{where} registered kernels for atom {atom_ref} on backend {backend!r}, "
                          "which is not a backend name")
-    if kernel is None and anchor is None:
+    if kernel is None:
         raise ValueError(f"{where} registered no kernel for atom {atom_ref} on {backend!r}")
-    for what, factory in (("kernel", kernel), ("anchor", anchor)):
-        if factory is not None and not callable(factory):
-            raise TypeError(f"{where}: the {what} for atom {atom_ref} on {backend!r} is not callable")
-    return KernelEntry(atom_ref, backend, kernel, anchor, info)
+    if not callable(kernel):
+        raise TypeError(f"{where}: the kernel for atom {atom_ref} on {backend!r} is not callable")
+    if not isinstance(anchors, bool):
+        raise TypeError(f"{where}: anchors= for atom {atom_ref} on {backend!r} must be True or False")
+    return KernelEntry(atom_ref, backend, kernel, anchors, info)
 
 
 def _known_plugin_families() -> dict[str, str]:

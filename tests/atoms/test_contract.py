@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from atoms import _gemm
 from atoms.contract import SPECS
 from runtime.plugins.atomspec import ScalarOp, bind_node
+from runtime.plugins.kernel import request_for
 from runtime.core.errors import FormulaError
 from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
 from runtime.kernels.layout import align_to
@@ -35,7 +36,7 @@ def bind(pairs, out, lt, rt, acc="float32"):
 
 def reference(node, *inputs):
     out = np.empty(node.output_type.shape, inputs[0].dtype)
-    CONTRACT.kernels["reference"](node)(list(inputs), out)
+    CONTRACT.kernels["reference"](request_for(node))(list(inputs), (), out)
     return out
 
 
@@ -217,7 +218,7 @@ def test_cpu_matches_reference(layout, seed):
     want = reference(node, a, b)
     a2, b2 = strided_copy(rng, a), strided_copy(rng, b)
     got = np.full(node.output_type.shape, np.nan, np.float32)
-    CONTRACT.kernels["cpu"](node)([a2, b2], got)
+    CONTRACT.kernels["cpu"](request_for(node))([a2, b2], (), got)
     close(got, want, _gemm.lower(lt, rt, pairs).dims[3])
     np.testing.assert_array_equal(a2, a)
 
@@ -241,7 +242,7 @@ def test_cpu_anchor_with_epilogue_matches_reference(layout, seed, data):
     a, b = random_array(rng, lt), random_array(rng, rt)
     factor, base = random_array(rng, ft), random_array(rng, ot)
     want = base + reference(node, a, b) * align_to(factor, ft, ot)
-    run = CONTRACT.anchors["cpu"](node, epilogue_for(node, ft))
+    run = CONTRACT.kernels["cpu"](request_for(node, epilogue_for(node, ft)))
     got = np.full(ot.shape, np.nan, np.float32)
     run([a, b], [align_to(factor, ft, ot), align_to(base, ot, ot)], got)
     close(got, want, _gemm.lower(lt, rt, pairs).dims[3])
@@ -258,7 +259,7 @@ def test_cpu_seed_group_parallel_path_and_blas_threads_restored():
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((2, 256, 64)).astype(np.float32), rng.standard_normal((96, 64)).astype(np.float32)
     got = np.empty((2, 256, 96), np.float32)
-    run = CONTRACT.anchors["cpu"](node, silu)
+    run = CONTRACT.kernels["cpu"](request_for(node, silu))
     before = scipy_threads()  # (once building the kernel has loaded scipy's BLAS)
     run([x, w], [], got)
     v = reference(node, x, w)
@@ -275,7 +276,7 @@ def test_blas_guard_only_where_a_micro_kernel_call_can_reach_blas(left, right, o
     tile of a few rows (70 rows a batch: tiles of 66 and 4) calls gemv inside the parallel
     loop, so its call keeps the guard."""
     node = bind([("k", "k")], out, left, right)
-    run = CONTRACT.anchors["cpu"](node, EMPTY_EPILOGUE)
+    run = CONTRACT.kernels["cpu"](request_for(node, EMPTY_EPILOGUE))
     assert run.compiled is not None and (run.compiled.guard is not None) == guarded
     rng = np.random.default_rng(4)
     a, b = random_array(rng, left), random_array(rng, right)
@@ -289,12 +290,12 @@ def test_cpu_float64_and_unsupported_dtypes():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 2))
     got = np.empty((2, 3))
-    CONTRACT.kernels["cpu"](node)([a, b], got)
+    CONTRACT.kernels["cpu"](request_for(node))([a, b], (), got)
     close(got, (a @ b).T, 4, np.float64)
     half = bind([("k", "k")], "ij", T("ik", (3, 4), "float16"), T("kj", (4, 2), "float16"))
     for backend in ("cpu", "cuda"):
         with pytest.raises(FormulaError) as info:
-            CONTRACT.kernels[backend](half)
+            CONTRACT.kernels[backend](request_for(half))
         assert info.value.code == "backend_unavailable" and "float16" in info.value.message
 
 
@@ -302,7 +303,7 @@ def test_cpu_small_call_and_full_contraction():
     node = bind([("k", "k")], "", T("k", (7,)), T("k", (7,)))
     a, b = np.arange(7, dtype=np.float32), np.ones(7, np.float32)
     got = np.empty((), np.float32)
-    CONTRACT.kernels["cpu"](node)([a, b], got)
+    CONTRACT.kernels["cpu"](request_for(node))([a, b], (), got)
     assert got == 21
 
 
@@ -336,10 +337,10 @@ def test_cuda_matches_reference(pairs, out, lt, rt, fused):
         factor, base = random_array(rng, ft), random_array(rng, ot)
         want = base + want * align_to(factor, ft, ot)
         keep = factor.reshape([1] * (ot.rank - 1) + [ot.sizes[-1]])
-        run = CONTRACT.anchors["cuda"](node, epilogue_for(node, ft))
+        run = CONTRACT.kernels["cuda"](request_for(node, epilogue_for(node, ft)))
         run([cuda.to_device(a), cuda.to_device(b)], [cuda.to_device(keep), cuda.to_device(base)], dout)
     else:
-        CONTRACT.kernels["cuda"](node)([cuda.to_device(a), cuda.to_device(b)], dout)
+        CONTRACT.kernels["cuda"](request_for(node))([cuda.to_device(a), cuda.to_device(b)], (), dout)
     close(dout.copy_to_host(), want, _gemm.lower(lt, rt, pairs).dims[3], dt.type)
 
 
@@ -348,8 +349,8 @@ def test_empty_epilogue_anchor_equals_plain_kernel():
     rng = np.random.default_rng(4)
     a, b = random_array(rng, L), random_array(rng, R)
     x, y = np.empty((2, 4), np.float32), np.empty((2, 4), np.float32)
-    CONTRACT.anchors["cpu"](node, EMPTY_EPILOGUE)([a, b], [], x)
-    CONTRACT.kernels["cpu"](node)([a, b], y)
+    CONTRACT.kernels["cpu"](request_for(node, EMPTY_EPILOGUE))([a, b], [], x)
+    CONTRACT.kernels["cpu"](request_for(node))([a, b], (), y)
     np.testing.assert_array_equal(x, y)
 
 
@@ -395,7 +396,7 @@ def test_cpu_micro_kernels_match_reference(monkeypatch, dtype, form, pairs, out,
     factor, base = random_array(rng, ot), random_array(rng, ot)
     want = base + reference(node, a, b) * factor
     got = np.full(ot.shape, np.nan, dtype)
-    CONTRACT.anchors["cpu"](node, epilogue_for(node, ot))([a, b], [factor, base], got)
+    CONTRACT.kernels["cpu"](request_for(node, epilogue_for(node, ot)))([a, b], [factor, base], got)
     assert seen and all(seen)  # the micro-kernel computed the tiles, not BLAS
     close(got, want, _gemm.lower(lt, rt, pairs).dims[3], np.dtype(dtype).type)
 

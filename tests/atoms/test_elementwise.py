@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from atoms.elementwise import SCALAR_EXPRS, SPECS
 from runtime.plugins.atomspec import InferContext, bind_node
+from runtime.plugins.kernel import KernelRequest
 from runtime.core.errors import FormulaError
 from runtime.testing import real_cuda, run_kernel
 from runtime.core.types import TensorType
@@ -146,7 +147,7 @@ def test_half_precision_has_no_compiled_kernel():
     node = bind_node(SPEC["add"], ACT, [T("A", [2], "float16")] * 2)
     for backend in ("cpu", "cuda"):
         with pytest.raises(FormulaError) as info:
-            node.atom.kernels[backend](node)
+            node.atom.kernels[backend](KernelRequest(node))
         assert info.value.code == "backend_unavailable" and info.value.path == node.path
         assert "float16" in info.value.message and "reference" in info.value.message
 

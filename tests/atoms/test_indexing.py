@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from atoms.indexing import SPECS
 from runtime.plugins.atomspec import InferContext, bind_node
+from runtime.plugins.kernel import KernelRequest
 from runtime.core.errors import FormulaError
 from runtime.core.types import TensorType, numpy_dtype
 
@@ -49,9 +50,9 @@ def run(name, attributes, types, values, backend="reference", check=True):
         from numba import cuda
 
         dev = cuda.to_device(out)
-        node.atom.kernels["cuda"](node)([cuda.to_device(np.ascontiguousarray(v)) for v in values], dev)
+        node.atom.kernels["cuda"](KernelRequest(node))([cuda.to_device(np.ascontiguousarray(v)) for v in values], (), dev)
         return dev.copy_to_host()
-    node.atom.kernels[backend](node)(values, out)
+    node.atom.kernels[backend](KernelRequest(node))(values, (), out)
     return out
 
 

@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from atoms.layout import SPECS, coalesce, flat_view
 from runtime.plugins.atomspec import InferContext, bind_node
+from runtime.plugins.kernel import KernelRequest
 from runtime.core.errors import FormulaError
 from runtime.core.types import TensorType, numpy_dtype
 
@@ -41,10 +42,10 @@ def run(name, attributes, types, values, backend="reference"):
         from numba import cuda
 
         dev = cuda.device_array(out.shape, dtype=out.dtype)
-        node.atom.kernels["cuda"](node)([cuda.to_device(np.ascontiguousarray(v)) for v in values], dev)
+        node.atom.kernels["cuda"](KernelRequest(node))([cuda.to_device(np.ascontiguousarray(v)) for v in values], (), dev)
         return dev.copy_to_host()
     out.fill(0)
-    node.atom.kernels[backend](node)(values, out)
+    node.atom.kernels[backend](KernelRequest(node))(values, (), out)
     return out
 
 
@@ -369,7 +370,7 @@ def test_flat_view_and_coalesce():
 @pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int64"])
 def test_cpu_copies_count_nan_and_inf_of_checked_operands(monkeypatch, parallel, dtype):
-    """factory(node, checked): the copy counts, by exponent bits, the rows of a checked
+    """Asked to count (``KernelRequest.count_inputs``), the copy counts, by exponent bits, the rows of a checked
     operand that hold a NaN or ±inf; it copies exactly as without counting."""
     import atoms._copy as copy
 
@@ -382,9 +383,10 @@ def test_cpu_copies_count_nan_and_inf_of_checked_operands(monkeypatch, parallel,
     for name, attributes, types in cases:
         node = bind_node(SPEC[name], attributes, types)
         values = [values_of(t, k) for k, t in enumerate(types)]
-        counting = SPEC[name].kernels["cpu"](node, tuple(range(len(types))))
+        counting = SPEC[name].kernels["cpu"](KernelRequest(node, count_inputs=tuple(range(len(types)))))
+        assert counting.counts.inputs == tuple(range(len(types))), name
         out = np.empty(node.output_type.shape, numpy_dtype(node.output_type.dtype))
-        assert counting(values, out) == 0, name
+        assert counting(values, (), out) == 0, name
         np.testing.assert_array_equal(out, run(name, attributes, types, values))
         if dtype == "int64":
             continue
@@ -392,7 +394,9 @@ def test_cpu_copies_count_nan_and_inf_of_checked_operands(monkeypatch, parallel,
             for bad in (np.nan, np.inf, -np.inf):
                 spoiled = [x.copy() for x in values]
                 spoiled[k][tuple(rng.integers(0, n) for n in v.shape)] = bad
-                assert counting(spoiled, out) > 0, (name, k, bad)
-                only_other = SPEC[name].kernels["cpu"](node, tuple(j for j in range(len(types)) if j != k))
-                assert only_other(spoiled, out) == 0, (name, k)
-    assert not SPEC["slice"].kernel_counts_nonfinite  # reads part of its operand only
+                assert counting(spoiled, (), out) > 0, (name, k, bad)
+                only_other = SPEC[name].kernels["cpu"](
+                    KernelRequest(node, count_inputs=tuple(j for j in range(len(types)) if j != k)))
+                assert not only_other(spoiled, (), out), (name, k)
+    sliced = bind_node(SPEC["slice"], {"axis": "A", "start": 0, "stop": 2, "step": 1}, [T("AB", [3, 4], "float32")])
+    assert not SPEC["slice"].kernels["cpu"](KernelRequest(sliced, count_inputs=(0,))).counts.any  # reads part only

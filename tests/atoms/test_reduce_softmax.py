@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 from atoms.reduce import SPECS as REDUCE
 from atoms.softmax import SPECS as SOFTMAX
 from runtime.plugins.atomspec import InferContext, bind_node
+from runtime.plugins.kernel import KernelRequest
 from runtime.core.errors import FormulaError
 from runtime.testing import real_cuda, run_kernel
 from runtime.core.types import TensorType
@@ -128,7 +129,7 @@ def test_rank1_softmax_and_half_unavailable():
     node = bind_node(SPEC["masked-softmax"], {"axis": "A", "accumulation_dtype": "float32"},
                      [T("A", [2], "float16"), T("A", [2], "boolean")])
     with pytest.raises(FormulaError) as info:
-        node.atom.kernels["cpu"](node)
+        node.atom.kernels["cpu"](KernelRequest(node))
     assert info.value.code == "backend_unavailable" and "float16" in info.value.message
 
 

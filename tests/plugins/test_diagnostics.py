@@ -27,7 +27,7 @@ class PartialPlugin:
                           elementwise=lambda node: None, inplace=0, summary="2x"))
         register(AtomSpec(name="only-ref", refs=("diag-test/formula-atom-only-ref@1",),
                           inputs=("a", "b"), attributes=frozenset({"k"}), infer=_infer,
-                          kernels={"reference": _kernel}, anchors={"cpu": _kernel},
+                          kernels={"reference": _kernel}, anchors=frozenset({"cpu"}),
                           check_values=lambda node, arrays: None, checked_inputs=(1,)))
 
 

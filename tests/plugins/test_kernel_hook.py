@@ -9,6 +9,7 @@ import runtime
 from runtime.plugins import diagnostics
 from runtime.core.errors import FormulaError
 from runtime.plugins.hookspecs import hookimpl
+from runtime.plugins.kernel import plain_kernel
 from runtime.plugins.registry import Registry
 from runtime.testing import ProgramBuilder
 
@@ -34,11 +35,11 @@ class TwiceReduce:
 
     @hookimpl
     def formula_register_kernels(self, register):
-        def factory(node):
+        def factory(request):
             def run(inputs, out):
                 TwiceReduce.calls += 1
                 out[...] = 2 * inputs[0].sum(axis=1)
-            return run
+            return plain_kernel(run)
         register(REDUCE, "cpu", kernel=factory)
 
 
@@ -54,9 +55,39 @@ def test_a_plugin_kernel_replaces_the_atoms_own_on_that_backend_only():
     ref = runtime.execute(prog, inputs={"x": x}, backend="reference", registry=reg)
     np.testing.assert_allclose(next(iter(ref.values())), x.sum(axis=1))  # reference untouched
     spec = reg.atom(REDUCE, "$")
-    assert "cpu" not in spec.kernel_counts_nonfinite  # the built-in's counting went with it
     assert reg.kernel_owner(spec, "cpu").name == "TwiceReduce"
     assert reg.kernel_owner(spec, "reference") is None
+    bad = x.copy()
+    bad[1, 2] = np.nan  # the plugin's kernel counts nothing: the run checks x itself
+    with pytest.raises(FormulaError) as err:
+        runtime.execute(prog, inputs={"x": bad}, backend="cpu", registry=reg)
+    assert err.value.code == "nonfinite" and err.value.path == "$.inputs.x"
+
+
+def test_a_kernel_registered_without_anchors_takes_no_epilogue():
+    contract = "arti/formula-atom-contract@1"
+
+    class PlainContract:
+        @hookimpl
+        def formula_register_kernels(self, register):
+            def factory(request):
+                assert request.epilogue is None  # the planner fuses nothing into it
+                return plain_kernel(lambda inputs, out: np.matmul(inputs[0], inputs[1].T, out=out))
+            register(contract, "cpu", kernel=factory)
+
+    reg = Registry(autoload=False)
+    assert "cpu" in reg.atom(contract, "$").anchors
+    reg.register(PlainContract(), None)
+    assert "cpu" not in reg.atom(contract, "$").anchors and "cuda" in reg.atom(contract, "$").anchors
+    b = ProgramBuilder()
+    x, w = b.input("x", {"T": 2, "D": 3}), b.input("w", {"R": 4, "D": 3})
+    y = b.op("contract", [x, w], {"reduce_axes": [["D", "D"]], "output_axes": ["T", "R"],
+                                  "accumulation_dtype": "activation"})
+    z = b.op("scalar-map", [y], {"mode": "relu"})
+    prog = b.build(outputs=[z])
+    xv, wv = np.arange(6, dtype=np.float32).reshape(2, 3) - 2, np.ones((4, 3), np.float32)
+    got = runtime.execute(prog, inputs={"x": xv, "w": wv}, backend="cpu", registry=reg)
+    np.testing.assert_allclose(next(iter(got.values())), np.maximum(xv @ wv.T, 0))
 
 
 def test_registered_kernels_are_reported_and_go_with_their_plugin():
@@ -69,7 +100,6 @@ def test_registered_kernels_are_reported_and_go_with_their_plugin():
     assert f"  gives       kernels for {REDUCE} on cpu" in text
     reg.unregister("TwiceReduce")
     assert reg.kernel_owner(reg.atom(REDUCE, "$"), "cpu") is None
-    assert "cpu" in reg.atom(REDUCE, "$").kernel_counts_nonfinite
 
 
 def test_two_plugins_giving_one_pair_is_a_conflict_naming_both():

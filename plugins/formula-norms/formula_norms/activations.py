@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp
+from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 from runtime.core.types import TensorType
 
 from ._common import kernel_dtype, launch_config, readonly_c
@@ -45,15 +46,17 @@ def _reference_values(mode: str, x: np.ndarray) -> np.ndarray:
     return np.log1p(np.exp(-np.abs(x))) + np.maximum(x, 0.0)
 
 
-def _reference(node: Node):
+def _reference(request: KernelRequest) -> Kernel:
+    node = request.node
     mode = node.attributes["mode"]
 
     def run(inputs, out):
         out[...] = _reference_values(mode, np.asarray(inputs[0]))
-    return run
+    return plain_kernel(run)
 
 
-def _cpu(node: Node):
+def _cpu(request: KernelRequest) -> Kernel:
+    node = request.node
     from . import _cpu
 
     kernel_dtype(node, "cpu")
@@ -61,10 +64,11 @@ def _cpu(node: Node):
 
     def run(inputs, out):
         kernel(readonly_c(inputs[0]).reshape(-1), out.reshape(-1))
-    return run
+    return plain_kernel(run)
 
 
-def _cuda(node: Node):
+def _cuda(request: KernelRequest) -> Kernel:
+    node = request.node
     kernel_dtype(node, "cuda")
     from . import _cuda
 
@@ -74,7 +78,7 @@ def _cuda(node: Node):
 
     def run(inputs, out):
         kernel[blocks, threads](inputs[0].reshape(n), out.reshape(n))
-    return run
+    return plain_kernel(run)
 
 
 SPECS = [AtomSpec(

@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
 from ._common import kernel_dtype, launch_config, readonly_c, rows_shape
@@ -37,7 +38,8 @@ def infer_norm(ctx: InferContext) -> TensorType:
 
 # --- reference: the oracle --------------------------------------------------------------
 def _reference(kind: str):
-    def factory(node: Node):
+    def factory(request: KernelRequest) -> Kernel:
+        node = request.node
         axis = node.input_types[0].axes.index(node.attributes["axis"])
         epsilon = float(node.attributes["epsilon"])
         acc = numpy_dtype(accumulation_dtype(node.input_types[0].dtype,
@@ -55,13 +57,14 @@ def _reference(kind: str):
                 var = np.sum(d * d, axis=axis, keepdims=True, dtype=acc) / n
                 y = d / np.sqrt(var + epsilon)
             out[...] = y.astype(out.dtype, copy=False)
-        return run
+        return plain_kernel(run)
     return factory
 
 
 # --- cpu: numba njit --------------------------------------------------------------------
 def _cpu(kind: str):
-    def factory(node: Node):
+    def factory(request: KernelRequest) -> Kernel:
+        node = request.node
         from runtime.backends.cpu_codegen import PARALLEL_MIN_ELEMENTS
 
         from . import _cpu
@@ -75,13 +78,14 @@ def _cpu(kind: str):
 
         def run(inputs, out):
             kernel(readonly_c(inputs[0]).reshape(shape3), out.reshape(shape3), eps, inv_n, zero)
-        return run
+        return plain_kernel(run)
     return factory
 
 
 # --- cuda: numba.cuda (imported here, lazily) ---------------------------------------------
 def _cuda(kind: str):
-    def factory(node: Node):
+    def factory(request: KernelRequest) -> Kernel:
+        node = request.node
         dt = kernel_dtype(node, "cuda")
         from . import _cuda
 
@@ -92,7 +96,7 @@ def _cuda(kind: str):
 
         def run(inputs, out):
             kernel[blocks, threads](inputs[0].reshape(shape3), out.reshape(shape3), eps, inv_n, zero)
-        return run
+        return plain_kernel(run)
     return factory
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.plugins.atomspec import bind_node
+from runtime.plugins.kernel import KernelRequest
 from runtime.core.types import TensorType
 
 import formula_norms
@@ -21,13 +22,13 @@ def run_kernel(name, attributes, x, axes, backend="reference"):
     spec = SPECS[name]
     t = ttype(axes, x.shape, x.dtype.name)
     node = bind_node(spec, attributes, [t])
-    run = spec.kernels[backend](node)
+    run = spec.kernels[backend](KernelRequest(node))
     if backend == "cuda":
         from numba import cuda
 
         out = cuda.device_array(x.shape, dtype=x.dtype)
-        run([cuda.to_device(np.ascontiguousarray(x))], out)
+        run([cuda.to_device(np.ascontiguousarray(x))], (), out)
         return out.copy_to_host()
     out = np.empty(x.shape, dtype=x.dtype)
-    run([x], out)
+    run([x], (), out)
     return out

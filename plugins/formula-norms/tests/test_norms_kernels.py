@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.plugins.atomspec import InferContext, bind_node
+from runtime.plugins.kernel import KernelRequest
 from runtime.core.errors import FormulaError
 from runtime.testing import real_cuda
 
@@ -120,7 +121,7 @@ def test_half_precision_needs_the_reference_backend(backend):
     spec = SPECS["rms-norm"]
     node = bind_node(spec, RMS, [ttype(("D",), (4,), "float16")])
     with pytest.raises(FormulaError) as e:
-        spec.kernels[backend](node)
+        spec.kernels[backend](KernelRequest(node))
     assert e.value.code == "backend_unavailable" and "float16" in e.value.message
     assert e.value.path == "$.instructions[0]"
 

@@ -1,0 +1,116 @@
+"""The one kernel contract: a :class:`KernelRequest` in, a :class:`Kernel` out.
+
+Every kernel factory — an atom's own (``AtomSpec.kernels``), one a plugin registers through
+``formula_register_kernels``, a backend's fused elementwise chain — is
+``factory(request) -> Kernel``. The request says what the planner wants: the node, the epilogue
+to apply before each store (on backends where the atom ``anchors``), which operands' non-finite
+values the kernel may count (SPEC §4 finiteness of bindings, fused into a pass that reads them
+anyway), which operands are resident banks. The kernel says what it does: ``counts`` lists
+what its returned count covers, which may be less than asked (nothing, for a kernel that
+cannot count); the run scans the rest itself. docs/writing-plugins.md documents it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+Run = Callable[[Sequence[Any], Sequence[Any], Any], "int | None"]
+
+
+@attrs.frozen
+class KernelRequest:
+    """What the planner asks of a kernel for one group.
+
+    ``node``: the anchor or lone node (None for an anchorless elementwise chain, a backend's
+    own kernel). ``epilogue``: a ``runtime.plan.fusion.Epilogue`` to apply before each store
+    (never empty), or None. ``count_inputs`` / ``count_extras``: positions among the node's
+    operands / the epilogue's extra operands whose NaN and ±inf values the kernel may count
+    (float bindings it reads in full, each in C order or a view of one). ``resident``: the
+    node's operands that are resident banks — runtime-owned values that never change while
+    they live, which a kernel may transform once (e.g. pack) and reuse run after run.
+    ``check_outputs``: the run checks every instruction output for NaN and ±inf (SPEC §3b.3
+    item 2), so the kernel may count them as it stores them."""
+
+    node: Any = None  # runtime.plugins.atomspec.Node | None
+    epilogue: Any = None  # runtime.plan.fusion.Epilogue | None
+    count_inputs: tuple[int, ...] = ()
+    count_extras: tuple[int, ...] = ()
+    resident: tuple[int, ...] = ()
+    check_outputs: bool = False
+
+    @property
+    def output_type(self):
+        """The type of the array the kernel fills (the last epilogue step's, else the node's)."""
+        if self.epilogue is not None and not self.epilogue.empty:
+            return self.epilogue.steps[-1].node.output_type
+        return self.node.output_type
+
+
+@attrs.frozen
+class Counts:
+    """What a kernel's returned count covers: non-zero exactly when one of these holds a NaN
+    or ±inf (a kernel may also count a false alarm, such as a sum that overflows; the run then
+    looks again). ``inputs`` / ``extras``: operand positions as in :class:`KernelRequest`;
+    ``outputs``: the values the kernel stores (and, in a fused group, every intermediate)."""
+
+    inputs: tuple[int, ...] = ()
+    extras: tuple[int, ...] = ()
+    outputs: bool = False
+
+    @property
+    def any(self) -> bool:
+        return bool(self.inputs or self.extras or self.outputs)
+
+
+NOTHING = Counts()
+
+
+@attrs.frozen(eq=False)
+class Kernel:
+    """A kernel ready to launch: ``kernel(inputs, extras, out)`` fills ``out`` from the node's
+    operands and the epilogue's extras (arrays in the keepdims form of ``out``), and returns a
+    count as ``counts`` describes (None or 0 when it counts nothing). ``compiled``: how compiled
+    code calls it (``runtime.execution.driver.CompiledCall``), or None: then a run with this
+    kernel launches its kernels one by one from Python."""
+
+    run: Run
+    counts: Counts = NOTHING
+    compiled: Any = None
+
+    def __call__(self, inputs: Sequence[Any], extras: Sequence[Any], out: Any) -> int | None:
+        return self.run(inputs, extras, out)
+
+
+def plain_kernel(fn: Callable[[Sequence[Any], Any], Any], counts: Counts = NOTHING) -> Kernel:
+    """A kernel from ``fn(inputs, out)``, for a node that takes no epilogue. ``fn`` returns a
+    count covering ``counts`` (nothing by default: its return value is then ignored)."""
+    if counts.any:
+        return Kernel(lambda inputs, extras, out: fn(inputs, out), counts)
+    return Kernel(lambda inputs, extras, out: _none(fn(inputs, out)))
+
+
+def _none(_: Any) -> None:
+    return None
+
+
+def node_kernel(make_run: Callable[[Any], Callable[[Sequence[Any], Any], Any]]
+                ) -> Callable[[KernelRequest], Kernel]:
+    """A factory from ``make_run(node) -> fn(inputs, out)``: for kernels that count nothing
+    and take no epilogue (most atoms' reference and CUDA kernels)."""
+    def factory(request: KernelRequest) -> Kernel:
+        return plain_kernel(make_run(request.node))
+    factory.__name__ = getattr(make_run, "__name__", "factory")
+    factory.__doc__ = make_run.__doc__
+    return factory
+
+
+def request_for(node: Any, epilogue: Any = None, **fields: Any) -> KernelRequest:
+    """The request for ``node`` alone (or with ``epilogue``; an empty one counts as none)."""
+    if epilogue is not None and epilogue.empty:
+        epilogue = None
+    return KernelRequest(node, epilogue, **fields)
+
+
+__all__ = ["KernelRequest", "Kernel", "Counts", "NOTHING", "plain_kernel", "node_kernel", "request_for"]
