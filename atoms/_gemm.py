@@ -223,11 +223,12 @@ KERNEL_HEAD = ["ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "scan_a", "b
 
 def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[Addressing],
                 epilogue: Epilogue, parallel: bool, form: str | None = None, pack_left: bool = False,
-                scanned: Sequence[int] = (), checked: Sequence[int] = ()) -> str:
+                scanned: Sequence[int] = (), checked: Sequence[int] = (), values: bool = False) -> str:
     """``scan_a``: ``a`` is the left operand in C order, scanned for non-finite values tile by
     tile just before BLAS reads the tile (then from cache); ``scan_b``: ``b`` holds the whole
     right operand, scanned once (both only for operands in ``scanned``). ``checked``: the
-    extras whose non-finite values the epilogue counts. ``form``: the micro-kernel
+    extras whose non-finite values the epilogue counts; ``values``: it counts those of the
+    contraction's and each step's values too (the output check). ``form``: the micro-kernel
     (``atoms._microgemm``) tiles use when ``micro`` is set, on the flat operands (BLAS otherwise)."""
     item = 4 if dt == "float32" else 8
     blas = "_sgemm" if dt == "float32" else "_dgemm"
@@ -259,7 +260,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
         for g, kind in enumerate(ad.kinds):
             if kind == "affine":
                 L.append(f"    s_{nm}{'bmn'[g]} = ints[{_I_ADDR + 3 * a + g}]")
-    counting = bool(checked) or scan_left or scan_right  # count non-finite values read
+    counting = bool(checked) or scan_left or scan_right or values  # count non-finite values met
     if counting:
         L += ["    nfb = 0", "    counts = np.zeros(nwork, np.int64)"]
     if scan_right:  # the right operand (a bank, typically small) flat, once, before the tiles
@@ -325,9 +326,12 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     reads = [f"x{j}[x{j}r + {uindex_code(f'x{j}n', ad.kinds[2], 'j')}]" for j, ad in enumerate(extra_addr)]
     L.append("                    acc = scratch[srow + j]")
     lines, result = epilogue.emit("acc", reads, indent="                    ",
-                                  nonfinite="bad" if counting else None, checked=checked)
+                                  nonfinite="bad" if counting else None, checked=checked, values=values)
     L += vmath.cpu_code(lines)
     L.append(f"                    out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}] = {result}")
+    if values:  # the stored value too: rounding to the output dtype can overflow
+        store = f"out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}]"
+        L.append(f"                    bad |= ({store} - {store}) != 0")
     if counting:  # (a row's flag, then counted: an int64 count per element halves the vectors)
         L += ["                nf += bad", "        counts[w] = nf", "    return counts.sum() + nfb"]
     return "\n".join(L) + "\n"
@@ -370,6 +374,7 @@ def cpu_anchor(request: KernelRequest, low: Lowering) -> Kernel:
     bank) once, flat, before the tiles. An operand with no flat view is scanned here."""
     node, epilogue = request.node, request.epilogue or EMPTY_EPILOGUE
     scanned, checked = tuple(k for k in request.count_inputs if k in (0, 1)), request.count_extras
+    values = request.check_outputs
     lt, rt = node.input_types
     dt = anchor_dtype(node, epilogue, "cpu")
     out_type = node.output_type
@@ -407,13 +412,13 @@ def cpu_anchor(request: KernelRequest, low: Lowering) -> Kernel:
     for a, ad in enumerate([out_addr] + extra_addr):
         ints[_I_ADDR + 3 * a:_I_ADDR + 3 * a + 3] = ad.strides
         tables += [tb for tb in ad.tables if tb is not None]
-    label = f"{epilogue.key} scan={scanned} checked={checked} {dt} out={''.join(k[0] for k in out_addr.kinds)}" + "".join(
+    label = f"{epilogue.key} scan={scanned} checked={checked}{' values' if values else ''} {dt} out={''.join(k[0] for k in out_addr.kinds)}" + "".join(
         f" x{j}={''.join(k[0] for k in ad.kinds)}" for j, ad in enumerate(extra_addr))
     register_blas()
     configure_numba_cache()
     pack_left = form == "bcast" and n >= micro.PACK_LEFT_MIN_PANELS * micro.BCAST_NV * simd.lanes(dt)
     module = load_generated(_cpu_source(label, dt, out_addr, extra_addr, epilogue, parallel, form, pack_left,
-                                        scanned, checked), "contract_cpu")
+                                        scanned, checked, values), "contract_cpu")
     kernel = module.kernel
     flatteners = [keepdims_flattener(t, out_type) for t in epilogue.extra_types]
     scan_right = 1 in scanned
@@ -457,7 +462,7 @@ def cpu_anchor(request: KernelRequest, low: Lowering) -> Kernel:
     compiled = _compiled_call(kernel, guard, micro_guard, form, (lt, rt), (low.left_order, low.right_order),
                               ((nb, m, k), (nb, k, n)), dt, epilogue, out_type, scan_left, scan_right,
                               ints, tables, nwork, packs, no_pack)
-    return Kernel(run, Counts(inputs=scanned, extras=tuple(checked)), compiled)
+    return Kernel(run, Counts(inputs=scanned, extras=tuple(checked), outputs=values), compiled)
 
 
 def _compiled_call(kernel, guard, micro_guard, form, types, orders, shapes, dt, epilogue, out_type, scan_left, scan_right,

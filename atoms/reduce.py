@@ -201,7 +201,8 @@ def _cpu(request: KernelRequest) -> Kernel:
     """Asked to count the value (``count_inputs == (0,)``), the kernel returns 1 when it holds
     a NaN or ±inf, found through the sums: every element is a term of one of them, and a NaN
     or ±inf term makes its sum NaN or ±inf (an overflowing sum of finite values also counts;
-    the executor then finds the value finite and goes on)."""
+    the executor then finds the value finite and goes on). The same scan of the sums serves
+    the output check (``check_outputs``)."""
     node = request.node
     checked = request.count_inputs
     from runtime.kernels import simd
@@ -222,8 +223,9 @@ def _cpu(request: KernelRequest) -> Kernel:
         units = -(-outer // SIDE_BY_SIDE_ROWS) if inner == 1 else outer * -(-inner // block)
         ntask = max(1, min(units, threads * TASKS_PER_THREAD))
 
+    counts = Counts(inputs=(0,) if 0 in checked else (), outputs=request.check_outputs)
     scan = (simd.nonfinite_f32 if node.input_types[0].dtype == "float32" else simd.nonfinite_f64) \
-        if 0 in checked else None
+        if counts.any else None  # the sums are the output: one scan serves both
     size = outer * inner
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> int:
@@ -231,7 +233,7 @@ def _cpu(request: KernelRequest) -> Kernel:
         flat = out.reshape(-1)
         kernel(x.reshape(-1), flat, outer, k, inner, block, ntask)
         return scan(flat, 0, size) if scan is not None else 0
-    return plain_kernel(run, Counts(inputs=(0,) if scan is not None else ()))
+    return plain_kernel(run, counts)
 
 
 def _cuda(node: Node):

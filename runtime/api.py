@@ -41,9 +41,12 @@ def compile(src: Any, backend: str = DEFAULT_BACKEND, registry: Registry | None 
 def execute(src: Any, inputs: Mapping[str, Any] | None = None, banks: Any = None,
             backend: str = DEFAULT_BACKEND, trace: bool = False,
             registry: Registry | None = None, out: Mapping[str, Any] | None = None,
-            memory_limit: Any = None) -> Result:
-    """Load, compile and run once. For repeated runs, keep ``compile``'s executable."""
-    return compile(src, backend, registry, memory_limit).run(inputs=inputs, banks=banks, trace=trace, out=out)
+            memory_limit: Any = None, check_outputs: bool = False) -> Result:
+    """Load, compile and run once. For repeated runs, keep ``compile``'s executable.
+    ``check_outputs``: raise ``nonfinite`` at the instruction whose output holds a NaN or
+    ±inf (SPEC §3b.3 item 2; see ``Executable.run``)."""
+    return compile(src, backend, registry, memory_limit).run(inputs=inputs, banks=banks, trace=trace, out=out,
+                                                             check_outputs=check_outputs)
 
 
 def open_bank_store(location, registry=None):

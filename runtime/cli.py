@@ -135,6 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", metavar="FILE.npz", help="write the outputs here, by slot id")
     c.add_argument("--random", action="store_true",
                    help="random values for every input/bank not given by --inputs/--banks")
+    c.add_argument("--check-outputs", action="store_true",
+                   help="fail (nonfinite, with the instruction's path) when any instruction output "
+                        "holds NaN or ±inf (SPEC §3b.3 item 2)")
     dims(c)
     random(c)
     c = command("plan", _plan, "Print the schedule, lifetimes, arena and memory for extents.",
@@ -312,7 +315,7 @@ def _run(args) -> int:
     inputs, banks = _values(exe, args, dims)
     with _compile_feedback():
         started = time.perf_counter()
-        result = exe.run(inputs=inputs, banks=banks)
+        result = exe.run(inputs=inputs, banks=banks, check_outputs=args.check_outputs)
         elapsed = (time.perf_counter() - started) * 1e3
     if args.out:
         with open(args.out, "wb") as f:  # an open file keeps np.savez from appending ".npz"

@@ -170,8 +170,9 @@ def elementwise_kernel(request: KernelRequest) -> Kernel:
     Its extras are NumPy arrays of the output's shape (broadcast views welcome). Statically
     known broadcast axes are cut to extent 1 and read at index 0, and runs of axes with the
     same broadcast pattern are collapsed, so a same-shape chain is one flat vectorisable loop.
-    It counts the non-finite values of the ``request.count_extras`` extras it reads: it
-    returns how many blocks of the loop read one (nonzero exactly when one did)."""
+    It counts the non-finite values of the ``request.count_extras`` extras it reads, and with
+    ``request.check_outputs`` those of every floating step's value: it returns how many blocks
+    of the loop met one (nonzero exactly when one did)."""
     epilogue, out_type = request.epilogue, request.output_type
     if epilogue is None or epilogue.empty:
         raise ValueError("an anchorless elementwise kernel needs at least one step")
@@ -195,12 +196,15 @@ def elementwise_kernel(request: KernelRequest) -> Kernel:
             slicer = None
         prepare.append((slicer, cshape))
     args.append(("out", out_dt, rank, True))
-    checked = request.count_extras
-    flag = "bad" if checked else None  # counts the checked extras' non-finite values
-    lines, result = epilogue.emit(None, reads, nonfinite=flag, checked=checked)
-    body = lines + [f"out[{index_expr(names, [False] * rank)}] = {result}"]
+    checked, values = request.count_extras, request.check_outputs
+    flag = "bad" if checked or values else None  # counts the non-finite values met
+    lines, result = epilogue.emit(None, reads, nonfinite=flag, checked=checked, values=values)
+    store = f"out[{index_expr(names, [False] * rank)}]"
+    # (the stored value too: rounding to the output dtype can overflow)
+    body = lines + [f"{store} = {result}"] + ([f"{flag} |= ({store} - {store}) != 0"] if values else [])
     dims = [f"out.shape[{k}]" for k in range(rank)]
-    label = f"elementwise {epilogue.key}{f' counting {checked}' if checked else ''} -> {out_type.describe()}"
+    label = f"elementwise {epilogue.key}{f' counting {checked}' if checked else ''}" \
+            f"{' checking values' if values else ''} -> {out_type.describe()}"
     kernel = NestKernel("ew", lambda par: render(label, args, loop_nest(dims, body, par, flag), par,
                                                  "int64" if flag else "void"))
 
@@ -208,4 +212,4 @@ def elementwise_kernel(request: KernelRequest) -> Kernel:
         arrays = [contiguous(x, sl, cs) for x, (sl, cs) in zip(extras, prepare)]
         arrays.append(out.reshape(out_shape))
         return kernel(arrays, out_shape)
-    return Kernel(run, Counts(extras=tuple(checked)))
+    return Kernel(run, Counts(extras=tuple(checked), outputs=values))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.kernels.codegen import configure_numba_cache, load_generated
-from runtime.plugins.kernel import Kernel, KernelRequest
+from runtime.plugins.kernel import Counts, Kernel, KernelRequest
 from runtime.kernels.layout import keepdims_aligner, keepdims_order
 from runtime.core.types import TensorType
 from runtime.backends.cpu_codegen import broadcast_axes, index_expr, numba_type
@@ -85,7 +85,9 @@ def as_rank1(value):
 
 def elementwise_kernel(request: KernelRequest) -> Kernel:
     """The kernel of an anchorless chain (``request.epilogue``) over its output's shape on the
-    device; its extras are device arrays in keepdims form of the output. It counts nothing."""
+    device; its extras are device arrays in keepdims form of the output. With
+    ``request.check_outputs`` it flags, on the device, a NaN or ±inf among every floating
+    step's values and returns 1 when it met one; otherwise it counts nothing."""
     epilogue, out_type = request.epilogue, request.output_type
     if epilogue is None or epilogue.empty:
         raise ValueError("an anchorless elementwise kernel needs at least one step")
@@ -99,17 +101,30 @@ def elementwise_kernel(request: KernelRequest) -> Kernel:
         numba_type(t.dtype, node.path, what, "cuda")
         pattern = broadcast_axes(t, out_type) if out_type.rank else (True,)
         reads.append(f"x{j}[{index_expr(names, pattern)}]")
-    lines, result = epilogue.emit(None, reads)
-    body = lines + [f"out[{index_expr(names, [False] * rank)}] = {result}"]
-    params = [f"x{j}" for j in range(epilogue.n_extra)] + ["out"]
-    label = f"elementwise {epilogue.key} -> {out_type.describe()}"
+    check = request.check_outputs
+    store = f"out[{index_expr(names, [False] * rank)}]"  # (checked as stored: rounding can overflow)
+    lines, result = epilogue.emit(None, reads, nonfinite="bad" if check else None, values=check)
+    body = (["bad = False"] if check else []) + lines + \
+        [f"{store} = {result}"] + ([f"bad |= ({store} - {store}) != 0", "if bad:", "    flag[0] = 1"] if check else [])
+    params = [f"x{j}" for j in range(epilogue.n_extra)] + ["out"] + (["flag"] if check else [])
+    label = f"elementwise {epilogue.key}{' checking values' if check else ''} -> {out_type.describe()}"
     kernel = SpaceKernel("cuew", render(label, params, [f"out.shape[{k}]" for k in range(rank)], body))
     n = math.prod(out_type.shape)
     scalar = out_type.rank == 0
 
-    def run(inputs, extras, out) -> None:
-        if scalar:
-            kernel([as_rank1(x) for x in extras] + [as_rank1(out)], 1)
-        else:
-            kernel([*extras, out], n)
-    return Kernel(run)
+    def run(inputs, extras, out) -> int | None:
+        arrays = [as_rank1(x) for x in extras] + [as_rank1(out)] if scalar else [*extras, out]
+        if not check:
+            kernel(arrays, 1 if scalar else n)
+            return None
+        flag = device_flag()
+        kernel(arrays + [flag], 1 if scalar else n)
+        return int(flag.copy_to_host()[0])
+    return Kernel(run, Counts(outputs=check))
+
+
+def device_flag():
+    """A one-element int32 device array set to 0: kernels set it to 1 on a non-finite value."""
+    from numba import cuda
+
+    return cuda.to_device(np.zeros(1, np.int32))

@@ -22,7 +22,7 @@ from runtime.plugins.atomspec import Node
 from runtime.plugins.kernel import Kernel, KernelRequest
 from runtime.backends.base import Backend
 from runtime.kernels.arrays import is_device_array
-from runtime.execution.bindings import Binder, load_resident
+from runtime.execution.bindings import Binder, load_resident, value_is_finite
 from runtime.kernels.codegen import heal_numba_cache
 from runtime.execution.driver import Driver, build_driver
 from runtime.core.errors import did_you_mean, fail
@@ -35,7 +35,7 @@ from runtime.plan.planner import Plan, make_plan
 from runtime.plugins.registry import Registry
 from runtime.execution.resident import ResidentBanks
 from runtime.plan.resolve import resolve_nodes
-from runtime.core.types import FLOAT_DTYPES, TensorType, formula_dtype
+from runtime.core.types import FLOAT_DTYPES, TensorType, formula_dtype, is_float, numpy_dtype
 
 MAX_CACHED_PLANS = 16
 DRIVER_AFTER_RUNS = 2  # a plan's compiled driver is built on its second run
@@ -77,12 +77,19 @@ class _Launch:
     output_type: TensorType
     checks: tuple[tuple[Node, tuple[int, ...]], ...]  # value checks before this kernel
     label: dict[str, Any]
+    nodes: tuple[Node, ...] = ()  # the group's nodes, in order
+    # the output check (SPEC §3b.3 item 2): None (off, or no floating value to check),
+    # "kernel" (the kernel counts its values as it makes them) or "scan" (a scan of the
+    # output right after the kernel, for a kernel that cannot count them)
+    check_output: str | None = None
 
 
 class CompiledPlan:
     def __init__(self, plan: Plan, types: dict[str, TensorType], launches: list[_Launch],
-                 upfront_checks, backend, resident: frozenset[str] = frozenset()):
+                 upfront_checks, backend, resident: frozenset[str] = frozenset(),
+                 check_outputs: bool = False):
         self.plan = plan
+        self.check_outputs = check_outputs
         self.resident = resident  # banks whose runs bind runtime-owned C-order copies
         # float bindings a kernel reads in full and counts itself (Kernel.counts)
         self.deferred_finite = frozenset(s for launch in launches for s in launch.counts_nonfinite)
@@ -98,7 +105,8 @@ class CompiledPlan:
             (slot, buf.offset if buf.offset is not None else plan.buffers[buf.alias_of].offset, types[slot])
             for slot, buf in plan.buffers.items() if buf.kind == "temporary")
         self._driver: Driver | None = None
-        self._driver_built = backend.device_memory  # device plans launch kernel by kernel
+        # device plans launch kernel by kernel, and so do checked ones (to name the instruction)
+        self._driver_built = backend.device_memory or check_outputs
         # waiting for the kernels, where the backend has anything to wait for
         self.synchronize = None if type(backend).synchronize is Backend.synchronize else backend.synchronize
         self._runs = 0
@@ -175,21 +183,22 @@ class Executable:
         return self._compiled(dims, dict(dtypes or {})).plan
 
     def _compiled(self, dims: dict[str, int], dtypes: dict[str, str],
-                  resident: frozenset[str] = frozenset()) -> CompiledPlan:
-        key = (tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), resident)
+                  resident: frozenset[str] = frozenset(), check_outputs: bool = False) -> CompiledPlan:
+        key = (tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), resident, check_outputs)
         with self._plans_lock:
             compiled = self._plans.get(key)
             if compiled is not None:
                 self._plans.move_to_end(key)
                 return compiled
-        compiled = self._build(dims, dtypes, resident)
+        compiled = self._build(dims, dtypes, resident, check_outputs)
         with self._plans_lock:
             self._plans[key] = compiled
             while len(self._plans) > MAX_CACHED_PLANS:
                 self._plans.popitem(last=False)
         return compiled
 
-    def _schedule(self, dims: dict[str, int], dtypes: dict[str, str], enforce: bool = True):
+    def _schedule(self, dims: dict[str, int], dtypes: dict[str, str], enforce: bool = True,
+                  check_outputs: bool = False):
         """(plan, resolved types, binding types) for these extents: no kernel is built."""
         program = self.program
         binding_types = {}
@@ -209,13 +218,14 @@ class Executable:
                          backend=self.backend.name, fuse=self.backend.fuses,
                          slot_index={s.slot_id: i for i, s in enumerate(program.slots)},
                          binding_kinds={b.name: b.kind for b in program.bindings}, enforce=enforce,
-                         memory_limit=self.memory_limit)
+                         memory_limit=self.memory_limit, keep_fused_operands=check_outputs)
         return plan, types, binding_types
 
-    def _build(self, dims: dict[str, int], dtypes: dict[str, str], resident: frozenset[str]) -> CompiledPlan:
+    def _build(self, dims: dict[str, int], dtypes: dict[str, str], resident: frozenset[str],
+               check_outputs: bool = False) -> CompiledPlan:
         """Kernels for these extents; none counts the non-finite values of ``resident``
-        banks (checked when loaded)."""
-        plan, types, binding_types = self._schedule(dims, dtypes)
+        banks (checked when loaded). ``check_outputs``: every instruction output is checked."""
+        plan, types, binding_types = self._schedule(dims, dtypes, check_outputs=check_outputs)
         binding_slots = set(binding_types)
         unclaimed = {n for n, t in binding_types.items() if t.dtype in FLOAT_DTYPES} - resident
         launches, upfront = [], []
@@ -228,22 +238,25 @@ class Executable:
                         upfront.append(entry)
                     else:
                         checks.append(entry)
-            launches.append(self._launch(group, tuple(checks), unclaimed, resident))
+            launches.append(self._launch(group, tuple(checks), unclaimed, resident, check_outputs))
             unclaimed.difference_update(launches[-1].counts_nonfinite)
-        return CompiledPlan(plan, types, launches, tuple(upfront), self.backend, resident)
+        return CompiledPlan(plan, types, launches, tuple(upfront), self.backend, resident, check_outputs)
 
-    def _launch(self, group, checks, unclaimed: set[str], resident: frozenset[str]) -> _Launch:
+    def _launch(self, group, checks, unclaimed: set[str], resident: frozenset[str],
+                check_outputs: bool = False) -> _Launch:
         """The group's kernel, asked (``KernelRequest``) to count the non-finite values of the
-        float bindings in ``unclaimed`` that it reads; it answers with what it counts."""
+        float bindings in ``unclaimed`` that it reads (and, with ``check_outputs``, of the
+        values it makes); it answers with what it counts."""
         backend = self.backend.name
         label = {"instructions": [n.instruction_id for n in group.nodes],
                  "atoms": [n.atom.ref for n in group.nodes], "backend": backend}
         epilogue = None if group.epilogue.empty else group.epilogue
         extra_slots = group.epilogue.extra_slots
         count_extras = tuple(k for k, slot in enumerate(extra_slots) if slot in unclaimed)
+        check_outputs = check_outputs and any(is_float(n.output_type.dtype) for n in group.nodes)
         if group.anchor is None:
             inputs: tuple[str, ...] = ()
-            request = KernelRequest(None, epilogue, count_extras=count_extras)
+            request = KernelRequest(None, epilogue, count_extras=count_extras, check_outputs=check_outputs)
             kernel = self.backend.elementwise_kernel(request)
         else:
             anchor = group.anchor
@@ -255,7 +268,8 @@ class Executable:
                      f"it has: {', '.join(sorted(anchor.atom.kernels)) or 'none'}")
             request = KernelRequest(
                 anchor, epilogue, count_inputs=tuple(k for k, slot in enumerate(inputs) if slot in unclaimed),
-                count_extras=count_extras, resident=tuple(k for k, slot in enumerate(inputs) if slot in resident))
+                count_extras=count_extras, resident=tuple(k for k, slot in enumerate(inputs) if slot in resident),
+                check_outputs=check_outputs)
             kernel = factory(request)
             if not isinstance(kernel, Kernel):
                 fail("plugin_error", anchor.path,
@@ -266,10 +280,15 @@ class Executable:
                                        *(extra_slots[k] for k in counts.extras if k in request.count_extras)]))
         if counted:
             label["checks_finite"] = list(counted)
+        check_output = None
+        if check_outputs:
+            check_output = "kernel" if counts.outputs else "scan"
+            label["checks_output"] = check_output
         extra_types = group.epilogue.extra_types
         aligners = tuple(self.backend.aligner(t, group.output_type) for t in extra_types)
         return _Launch(kernel, tuple(inputs), extra_slots, extra_types, aligners,
-                       counted, group.output_slot, group.output_type, checks, label)
+                       counted, group.output_slot, group.output_type, checks, label,
+                       tuple(group.nodes), check_output)
 
     # --- running ------------------------------------------------------------------------
     @no_memory_error
@@ -283,14 +302,20 @@ class Executable:
 
     @no_memory_error
     def run(self, inputs: Mapping[str, Any] | None = None, banks: Any = None, trace: bool = False,
-            out: Mapping[str, Any] | None = None) -> Result:
+            out: Mapping[str, Any] | None = None, check_outputs: bool = False) -> Result:
         """Run once. ``out`` maps output slots to arrays to write the results into (host
         arrays, or device arrays for device results); results it leaves out are new arrays,
         or earlier results the caller no longer refers to at all. ``banks`` may be the
-        :meth:`load_banks` of this program: then only the inputs are checked."""
+        :meth:`load_banks` of this program: then only the inputs are checked.
+        ``check_outputs``: raise ``nonfinite`` at the instruction whose output first holds a
+        NaN or ±inf (SPEC §3b.3 item 2), checked inside the kernels that make the values
+        where they can count them, by a scan right after the kernel otherwise; ``out`` arrays
+        are then written only once every output passed."""
         if isinstance(banks, ResidentBanks):
             banks.check_backend(self.backend)
         bound = self._binder.bind(inputs, banks)
+        if check_outputs:
+            return self._run_checked(bound, inputs, banks, trace, out)
         last = self._last_structure  # the binder's fast path hands back the very same key
         if bound.structure is not None and last[0] is bound.structure:
             compiled = last[1]
@@ -318,13 +343,42 @@ class Executable:
         finally:
             compiled.release_arena(arena)
 
+    def _run_checked(self, bound, inputs, banks, trace: bool, out) -> Result:
+        """A run with the output check: its own compiled plan (kernels asked to count their
+        values, no in-place reuse inside fused groups, no driver); results go to the caller's
+        ``out`` arrays only after every instruction output passed."""
+        compiled = self._compiled_for(bound, check_outputs=True)
+        given = check_out(out, self.program.outputs, compiled.types, bound.values, is_device_array) \
+            if out is not None else {}
+        if bound.unchecked - compiled.deferred_finite:  # what these kernels leave unchecked
+            self._binder.check_finite(bound, bound.unchecked - compiled.deferred_finite, inputs, banks)
+        for node, positions in compiled.upfront_checks:
+            _check(node, positions, lambda slot: bound.values[slot])
+        arena = compiled.acquire_arena()
+        try:
+            result = self._execute(compiled, bound, arena, trace, {}, (inputs, banks))
+        finally:
+            compiled.release_arena(arena)
+        if not given:
+            return result
+        values = dict(result._values)
+        for slot, target in given.items():
+            value = values[slot]
+            if is_device_array(target):
+                target.copy_to_device(self.backend.to_backend(value))
+            else:
+                np.copyto(target, self.backend.to_host(value))
+            values[slot] = target
+        return Result(values, result.trace, result.plan)
+
     def _deferred_finite(self, structure: tuple) -> frozenset[str] | None:
         compiled = self._by_structure.get(structure)
         return compiled.deferred_finite if compiled is not None else None
 
-    def _compiled_for(self, bound) -> CompiledPlan:
+    def _compiled_for(self, bound, check_outputs: bool = False) -> CompiledPlan:
         """The compiled plan for these values' extents and float dtypes (host backends refuse
-        device arrays here). Remembered per value structure for the binder's fast path."""
+        device arrays here). Remembered per value structure for the binder's fast path
+        (unchecked runs only)."""
         if not self.backend.device_memory:
             for name, v in bound.values.items():
                 if not isinstance(v, np.ndarray):
@@ -334,8 +388,8 @@ class Executable:
                          "NumPy arrays (use backend='cuda', or copy it to the host)")
         dtypes = {b.name: formula_dtype(bound.values[b.name].dtype) for b in self.program.bindings
                   if b.value_type.dtype == "floating"}
-        compiled = self._compiled(bound.dims, dtypes, frozenset(bound.resident))
-        if bound.structure is not None:
+        compiled = self._compiled(bound.dims, dtypes, frozenset(bound.resident), check_outputs)
+        if bound.structure is not None and not check_outputs:
             if len(self._by_structure) >= MAX_CACHED_PLANS:
                 self._by_structure.clear()
             self._by_structure[bound.structure] = compiled
@@ -389,11 +443,54 @@ class Executable:
             found = launch.kernel([values[s] for s in launch.inputs], extras, out)
             if found and launch.counts_nonfinite:  # non-finite values read
                 self._binder.check_finite(bound, launch.counts_nonfinite, *raw)
+            if launch.check_output == "kernel" and found or launch.check_output == "scan":
+                self._check_output(launch, values)
             if records is not None:
                 backend.synchronize()
                 records.append({**launch.label, "output": launch.output,
                                 "ms": (time.perf_counter() - started) * 1e3,
                                 "bytes": launch.output_type.nbytes})
+
+
+    def _check_output(self, launch: _Launch, values: Mapping[str, Any]) -> None:
+        """Raise ``nonfinite`` at the first instruction of ``launch``'s group whose output holds
+        a NaN or ±inf. A group of several nodes (whose kernel counted a non-finite value among
+        them) is replayed node by node on host copies of its operands, each node by its
+        reference kernel, to find which one; a kernel's false alarm (a count that came from
+        its operands, found finite) passes."""
+        nodes = launch.nodes
+        if len(nodes) > 1:
+            local: dict[str, np.ndarray] = {}
+            for node in nodes:
+                args = [local[s] if s in local else np.asarray(self.backend.to_host(values[s]))
+                        for s in node.input_slots]
+                factory = node.atom.kernels.get("reference") or node.atom.kernels["cpu"]
+                got = np.empty(node.output_type.shape, numpy_dtype(node.output_type.dtype))
+                factory(KernelRequest(node))(args, (), got)
+                _raise_if_nonfinite(node, got)
+                local[node.output_slot] = got
+        out, dtype = values[launch.output], launch.output_type.dtype
+        if dtype in ("float32", "float64"):  # a parallel (or on-device) scan
+            if not value_is_finite(out):
+                _raise_if_nonfinite(nodes[-1], np.asarray(self.backend.to_host(out)))
+        elif is_float(dtype):  # float16, bfloat16: NumPy on the host
+            _raise_if_nonfinite(nodes[-1], np.asarray(self.backend.to_host(out)))
+
+
+def _raise_if_nonfinite(node: Node, value: np.ndarray) -> None:
+    if not is_float(node.output_type.dtype):
+        return
+    bad = ~np.isfinite(value.astype(np.float64) if value.dtype.kind != "f" else value)
+    if not bad.any():
+        return
+    where = np.unravel_index(int(np.argmax(bad)), value.shape) if value.ndim else ()
+    first = value[where] if value.ndim else value.item()
+    instruction = node.instruction_id.split("~", 1)[0]  # (a planner-made half conversion's own)
+    fail("nonfinite", node.path,
+         f"instruction {instruction!r} ({node.atom.ref}) produced {int(bad.sum())} non-finite "
+         f"value(s) in {node.output_slot.split('~', 1)[0]!r}, the first {float(first)} at index "
+         f"{tuple(int(i) for i in where)}; check_outputs rejects NaN and ±inf in every "
+         f"instruction output (SPEC §3b.3 item 2)")
 
 
 def _host_values(bound) -> bool:

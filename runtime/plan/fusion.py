@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import attrs
 
 from runtime.plugins.atomspec import Node, ScalarOp
-from runtime.core.types import TensorType
+from runtime.core.types import TensorType, is_float
 
 CHAIN = -1  # operand source: the value flowing down the chain
 
@@ -44,21 +44,28 @@ class Epilogue:
         return len(self.extra_slots)
 
     def emit(self, value: str | None, extras: Sequence[str], indent: str = "",
-             nonfinite: str | None = None, checked: Sequence[int] = ()) -> tuple[list[str], str]:
+             nonfinite: str | None = None, checked: Sequence[int] = (),
+             values: bool = False) -> tuple[list[str], str]:
         """Lines computing the chain from ``value`` (None for a chain with no anchor) and the
         element expressions ``extras``; returns the lines and the name of the result. With
         ``nonfinite`` (a boolean variable of the kernel), the lines also set it when one of the
-        ``checked`` extras' elements is NaN or ±inf: branch-free, and a boolean OR vectorises
-        at the full vector width, where an int64 count would halve it."""
+        ``checked`` extras' elements is NaN or ±inf, and with ``values`` when ``value`` or a
+        step's floating value is (the output check, SPEC §3b.3 item 2): branch-free, and a
+        boolean OR vectorises at the full vector width, where an int64 count would halve it."""
         lines = [f"{indent}_e{k} = {src}" for k, src in enumerate(extras)]
+        flag = nonfinite if values else None
         if nonfinite is not None:
             lines += [f"{indent}{nonfinite} |= (_e{k} - _e{k}) != 0" for k in checked]
+        if flag is not None and value is not None:
+            lines.append(f"{indent}{flag} |= ({value} - {value}) != 0")
         current = value
         for s, step in enumerate(self.steps):
             args = [current if src == CHAIN else f"_e{src}" for src in step.sources]
             if any(a is None for a in args):
                 raise ValueError("the first step of an anchorless chain cannot read the chain")
             lines.append(f"{indent}_v{s} = {step.op.expr.format(*args)}")
+            if flag is not None and is_float(step.node.output_type.dtype):
+                lines.append(f"{indent}{flag} |= (_v{s} - _v{s}) != 0")
             current = f"_v{s}"
         if current is None:
             raise ValueError("empty epilogue without an anchor value")

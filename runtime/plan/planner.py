@@ -138,14 +138,17 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
               limits, dims: Mapping[str, int], backend: str, fuse: bool,
               slot_index: Mapping[str, int] | None = None,
               binding_kinds: Mapping[str, str] | None = None, enforce: bool = True,
-              memory_limit: int | None = None) -> Plan:
+              memory_limit: int | None = None, keep_fused_operands: bool = False) -> Plan:
     """Group, size, place and preflight ``nodes`` (resolved types, program order).
 
     ``slot_index`` (slot id -> index in ``$.slots``) gives errors their exact JSON path;
     ``binding_kinds`` (name -> "input" | "bank") labels the pinned buffers. With
     ``enforce=False`` a working set over ``max_working_bytes`` is reported (verdict
     "exceeds") instead of raised; per-tensor limits are always enforced. ``memory_limit``:
-    the runtime's own ceiling (:mod:`runtime.plan.memory`), enforced like ``max_working_bytes``."""
+    the runtime's own ceiling (:mod:`runtime.plan.memory`), enforced like ``max_working_bytes``.
+    ``keep_fused_operands``: no fused group of several nodes writes over an operand in place,
+    so its operands are still there after it ran (the output check replays such a group to
+    find the instruction that made a non-finite value)."""
     slot_index = slot_index or {}
     types = dict(binding_types)
     types.update({n.output_slot: n.output_type for n in nodes})
@@ -164,7 +167,8 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
         slot = g.output_slot
         kind = "output" if slot in output_set else "temporary"
         buffers[slot] = Buffer(slot, kind, sizes[slot], gi, last_read.get(slot, gi))
-        source = _inplace_source(g, gi, buffers, last_read) if kind == "temporary" else None
+        keep = keep_fused_operands and len(g.nodes) > 1
+        source = _inplace_source(g, gi, buffers, last_read) if kind == "temporary" and not keep else None
         if source is not None:
             root = buffers[source].alias_of or source
             buffers[slot] = attrs.evolve(buffers[slot], alias_of=root)
