@@ -325,14 +325,7 @@ class Executable:
                 compiled = self._compiled_for(bound)
             if bound.structure is not None:
                 self._last_structure = (bound.structure, compiled)  # one tuple: replaced atomically
-        given = check_out(out, self.program.outputs, compiled.types, bound.values, is_device_array) \
-            if out is not None else {}
-        device_results = bool(given) and self.backend.device_memory and not _host_values(bound)
-        for slot, arr in given.items():  # the kind of memory each out array must be
-            if is_device_array(arr) != device_results:
-                fail("out_buffer", f"$.out.{slot}", f"out[{slot!r}] must be a "
-                     f"{'device array' if device_results else 'host NumPy array'}: this run's "
-                     f"results are {'device' if device_results else 'host'} arrays")
+        given = self._given(out, compiled, bound)
         if given and bound.unchecked:  # the caller's out arrays are never written on bad input
             self._binder.check_finite(bound, bound.unchecked, inputs, banks)
         for node, positions in compiled.upfront_checks:
@@ -343,13 +336,25 @@ class Executable:
         finally:
             compiled.release_arena(arena)
 
+    def _given(self, out, compiled: CompiledPlan, bound) -> dict[str, Any]:
+        """The caller's ``out`` arrays, checked like bindings and for the kind of memory
+        (host or device) this run's results are."""
+        given = check_out(out, self.program.outputs, compiled.types, bound.values, is_device_array) \
+            if out is not None else {}
+        device_results = bool(given) and self.backend.device_memory and not _host_values(bound)
+        for slot, arr in given.items():
+            if is_device_array(arr) != device_results:
+                fail("out_buffer", f"$.out.{slot}", f"out[{slot!r}] must be a "
+                     f"{'device array' if device_results else 'host NumPy array'}: this run's "
+                     f"results are {'device' if device_results else 'host'} arrays")
+        return given
+
     def _run_checked(self, bound, inputs, banks, trace: bool, out) -> Result:
         """A run with the output check: its own compiled plan (kernels asked to count their
         values, no in-place reuse inside fused groups, no driver); results go to the caller's
         ``out`` arrays only after every instruction output passed."""
         compiled = self._compiled_for(bound, check_outputs=True)
-        given = check_out(out, self.program.outputs, compiled.types, bound.values, is_device_array) \
-            if out is not None else {}
+        given = self._given(out, compiled, bound)
         if bound.unchecked - compiled.deferred_finite:  # what these kernels leave unchecked
             self._binder.check_finite(bound, bound.unchecked - compiled.deferred_finite, inputs, banks)
         for node, positions in compiled.upfront_checks:
@@ -365,7 +370,7 @@ class Executable:
         for slot, target in given.items():
             value = values[slot]
             if is_device_array(target):
-                target.copy_to_device(self.backend.to_backend(value))
+                target.copy_to_device(value)
             else:
                 np.copyto(target, self.backend.to_host(value))
             values[slot] = target
@@ -464,7 +469,10 @@ class Executable:
             for node in nodes:
                 args = [local[s] if s in local else np.asarray(self.backend.to_host(values[s]))
                         for s in node.input_slots]
-                factory = node.atom.kernels.get("reference") or node.atom.kernels["cpu"]
+                factory = node.atom.kernels.get("reference") or node.atom.kernels.get("cpu")
+                if factory is None:  # no host kernel to replay it with: name the whole group
+                    _raise_if_nonfinite(node, np.array(np.nan), [n.instruction_id for n in nodes])
+                    return
                 got = np.empty(node.output_type.shape, numpy_dtype(node.output_type.dtype))
                 factory(KernelRequest(node))(args, (), got)
                 _raise_if_nonfinite(node, got)
@@ -477,7 +485,12 @@ class Executable:
             _raise_if_nonfinite(nodes[-1], np.asarray(self.backend.to_host(out)))
 
 
-def _raise_if_nonfinite(node: Node, value: np.ndarray) -> None:
+def _raise_if_nonfinite(node: Node, value: np.ndarray, group: list[str] | None = None) -> None:
+    if group is not None:
+        fail("nonfinite", node.path,
+             f"fused instructions {group} produced a non-finite value (NaN or ±inf); instruction "
+             f"{node.instruction_id!r} ({node.atom.ref}) has no host kernel to tell which one; "
+             "check_outputs rejects NaN and ±inf in every instruction output (SPEC §3b.3 item 2)")
     if not is_float(node.output_type.dtype):
         return
     bad = ~np.isfinite(value.astype(np.float64) if value.dtype.kind != "f" else value)
