@@ -11,6 +11,8 @@ import runtime
 from runtime.core.errors import FormulaError
 from runtime.testing import ProgramBuilder
 
+# these programs make NaN and ±inf on purpose: NumPy (and the CUDA simulator's NumPy scalars) warn
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 BACKENDS = ["reference", "cpu", "cuda"]
 MAP2 = "arti/formula-atom-scalar-map@2"
 F32 = {"accumulation_dtype": "float32"}
