@@ -295,7 +295,8 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
               "            if scan_a and not after:",
               "                nf += _nonfinite(a, q0, q0 + rows * k)"]
     L += ["            arow = i0 if ta else i0 * lda",
-              "            if rows <= %d:" % GEMV_ROWS,  # gemm would pack all of B for a few rows
+              # gemm would pack all of B for a few rows; a micro-kernel computes a row as in any tile
+              "            if rows <= %d%s:" % (GEMV_ROWS, " and not micro" if form else ""),
               "                for i in range(rows):",
               "                    arow = (i0 + i) if ta else (i0 + i) * lda",
               f"                    {gemv}(pch, pprm + (8 if tb else 0), pprm + (0 if tb else 8), psc,",
@@ -366,12 +367,14 @@ def keepdims_flattener(t: TensorType, out_type: TensorType):
     return flat
 
 
-def cpu_anchor(request: KernelRequest, low: Lowering) -> Kernel:
+def cpu_anchor(request: KernelRequest, low: Lowering, whole: tuple[int, int, int, int] | None = None) -> Kernel:
     """The kernel: BLAS row tiles in prange, the epilogue applied per hot tile. It counts the
     non-finite values of every operand and extra the request asks it to (``counts``): the left
     operand is scanned tile by tile inside the kernel, just before BLAS reads the tile (or
     checked through the tile's sums, see ``_scan_after``); the right one (typically a small
-    bank) once, flat, before the tiles. An operand with no flat view is scanned here."""
+    bank) once, flat, before the tiles. An operand with no flat view is scanned here.
+    ``whole``: (nb, m, n, k) of the whole run when this one computes a slice of it: the tile
+    form is chosen for those, so that each element is computed as the whole run computes it."""
     node, epilogue = request.node, request.epilogue or EMPTY_EPILOGUE
     scanned, checked = tuple(k for k in request.count_inputs if k in (0, 1)), request.count_extras
     values = request.check_outputs
@@ -388,7 +391,8 @@ def cpu_anchor(request: KernelRequest, low: Lowering) -> Kernel:
     if scan_left:  # a scanned tile of the left operand must still be in cache when BLAS reads it
         tm = max(8, min(tm, SCAN_TILE_BYTES // max(1, k * item)))
     # (tiles of at most GEMV_ROWS rows always call gemv: no micro-kernel when all are)
-    form = micro.choose_form(nb, m, n, k, dt) if m > GEMV_ROWS else None
+    fnb, fm, fn, fk = whole or low.dims
+    form = micro.choose_form(fnb, fm, fn, fk, dt) if fm > GEMV_ROWS else None
     tm = micro.whole_blocks(form, tm)
     ntiles = nb * -(-m // tm)
     parallel = nb * m * n * k >= PARALLEL_MIN_MACS and nb * -(-m // 8) > 1
@@ -438,6 +442,11 @@ def cpu_anchor(request: KernelRequest, low: Lowering) -> Kernel:
         a3, (ta, lda, sab) = blas_operand(left_view(inputs[0]))
         b3, (tb, ldb, sbb) = blas_operand(right_view(inputs[1]))
         a, a_c, a_whole = flat_operand(a3)
+        if form is not None and not a_whole and micro.usable(form, ta, tb):
+            # rows BLAS reads with a stride (a slice of a chunked run): packed, so the
+            # micro-kernel computes them as it does for a C-order operand
+            a3, (ta, lda, sab) = blas_operand(np.ascontiguousarray(a3))
+            a, a_c, a_whole = flat_operand(a3)
         b, _, b_whole = flat_operand(b3)
         xs = [flat(x) for flat, x in zip(flatteners, extras)]
         other = 0

@@ -141,11 +141,19 @@ def _lowering(node: Node) -> _gemm.Lowering:
 
 
 def cpu_anchor(request: KernelRequest) -> Kernel:
-    return _gemm.cpu_anchor(request, _lowering(request.node))
+    node = request.node
+    whole = _lowering(node.whole).dims if node.whole is not None else None
+    return _gemm.cpu_anchor(request, _lowering(node), whole)
 
 
 def cuda_anchor(request: KernelRequest) -> Kernel:
     return _gemm_cuda.cuda_anchor(request, _lowering(request.node))
+
+
+def free_contract(node: Node) -> frozenset[str]:
+    """The kept axes (batch and either side's own); a name reduced on either side is tied."""
+    reduced = {a for pair in node.attributes["reduce_axes"] for a in pair}
+    return frozenset(node.output_type.axes) - reduced
 
 
 SPECS = [
@@ -154,6 +162,6 @@ SPECS = [
              attributes=frozenset({"reduce_axes", "output_axes", "accumulation_dtype"}),
              infer=infer_contract,
              kernels={"reference": node_kernel(_ref), "cpu": cpu_anchor, "cuda": cuda_anchor},
-             anchors=frozenset({"cpu", "cuda"}),
+             anchors=frozenset({"cpu", "cuda"}), free_axes=free_contract,
              summary="sum over reduced axis pairs by name (batched GEMM; anchors epilogues)"),
 ]

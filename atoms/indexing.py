@@ -27,7 +27,7 @@ import attrs
 import numpy as np
 from numba import njit, prange
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, every_axis
 from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to
@@ -557,6 +557,7 @@ SPECS = [
              attributes=frozenset({"axis", "index_axis"}), infer=infer_gather2,
              kernels={"reference": node_kernel(_ref_gather), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
              check_values=_check_gather, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
+             free_axes=every_axis,
              summary="value entries (any dtype) along one axis picked by int64 indices, repeats allowed"),
     AtomSpec(name="scatter", refs=refs_for("scatter", 2), inputs=("base", "indices", "updates"),
              dtypes={"base": "floating", "indices": "int64", "updates": "floating"},
@@ -564,35 +565,41 @@ SPECS = [
              infer=infer_scatter_add,
              kernels={"reference": node_kernel(_ref_scatter_add), "cpu": node_kernel(_cpu_scatter_add), "cuda": node_kernel(_cuda_scatter_add)},
              check_values=_check_gather, checked_inputs=(1,),
+             free_axes=axes_except("axis"),
              summary="base plus updates added at indexed positions (repeated indices accumulate)"),
     AtomSpec(name="fold", refs=("arti/fold@2",), inputs=("value", "indices"),
              dtypes={"value": "floating|boolean", "indices": "int64"},
              attributes=frozenset({"axis", "index_axis", *FOLD_REFS}), infer=infer_fold,
              kernels={"reference": node_kernel(_ref_gather), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
              check_values=_check_gather, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
+             free_axes=every_axis,
              summary="legacy arti fold: gather of SPEC §3"),
     AtomSpec(name="unfold", refs=("arti/unfold@2",), inputs=("base", "indices", "updates"),
              dtypes={"base": "floating|boolean", "indices": "int64", "updates": "floating|boolean"},
              attributes=frozenset({"axis", "index_axis", "mode", "record_schema_ref"}), infer=infer_unfold,
              kernels={"reference": node_kernel(_ref_scatter), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
              check_values=_check_scatter, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
+             free_axes=axes_except("axis"),
              summary="legacy arti unfold: scatter of SPEC §3 (unique indices)"),
     AtomSpec(name="gather", refs=refs_for("gather"), inputs=("value", "indices"),
              dtypes={"value": "floating|boolean", "indices": "int64"},
              attributes=frozenset({"axis", "index_axis"}), infer=infer_gather,
              kernels={"reference": node_kernel(_ref_gather), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
              check_values=_check_gather, checked_inputs=(1,),
+             free_axes=every_axis,
              summary="value entries along one axis picked by int64 indices (range-checked)"),
     AtomSpec(name="scatter", refs=refs_for("scatter"), inputs=("base", "indices", "updates"),
              dtypes={"base": "floating|boolean", "indices": "int64", "updates": "floating|boolean"},
              attributes=frozenset({"axis", "index_axis", "mode"}), infer=infer_scatter,
              kernels={"reference": node_kernel(_ref_scatter), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
              check_values=_check_scatter, checked_inputs=(1,),
+             free_axes=axes_except("axis"),
              summary="copy of base with indexed positions replaced by updates (unique indices)"),
     AtomSpec(name="lookup", refs=refs_for("lookup"), inputs=("table", "indices"),
              dtypes={"table": "floating", "indices": "int64"},
              attributes=frozenset({"table_axis", "output_axes"}), infer=infer_lookup,
              kernels={"reference": node_kernel(_ref_lookup), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
              check_values=_check_lookup, checked_inputs=(1,),
+             free_axes=every_axis,
              summary="rows of a floating table picked by int64 indices of any rank"),
 ]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import numpy as np
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, every_axis
 from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel, plain_kernel
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to
@@ -409,25 +409,37 @@ def _ref_concat(node: Node):
     return run
 
 
-def _spec(name, inputs, attributes, infer, reference, moves, summary, reads_all=True) -> AtomSpec:
+def free_reshape(node: Node) -> frozenset[str]:
+    """A C-order reshape keeps the leading axes that agree in name and extent on both sides."""
+    t, o = node.input_types[0], node.output_type
+    kept = []
+    for a, s, b, z in zip(t.axes, t.sizes, o.axes, o.sizes):
+        if (a, s) != (b, z):
+            break
+        kept.append(a)
+    return frozenset(kept)
+
+
+def _spec(name, inputs, attributes, infer, reference, moves, summary, free, reads_all=True) -> AtomSpec:
     """``reads_all``: the moves read every element of every operand (all but slice), so the
     cpu kernel can take over their finiteness check."""
     return AtomSpec(name=name, refs=refs_for(name), inputs=inputs, attributes=frozenset(attributes),
                     dtypes={operand: "any" for operand in inputs},
                     infer=infer, kernels={"reference": node_kernel(reference), "cpu": mover_cpu(moves, reads_all),
                                           "cuda": node_kernel(mover_cuda(moves))},
-                    summary=summary)
+                    summary=summary, free_axes=free)
 
 
 SPECS = [
     _spec("reshape", ("value",), {"output_axes", "output_sizes"}, infer_reshape, _ref_reshape,
-          moves_reshape, "C-order reshape; one unresolved output symbol is inferred at run time"),
+          moves_reshape, "C-order reshape; one unresolved output symbol is inferred at run time", free_reshape),
     _spec("permute", ("value",), {"output_axes"}, infer_permute, _ref_permute, moves_permute,
-          "axes reordered"),
+          "axes reordered", every_axis),
     _spec("broadcast", ("value",), {"output_axes", "output_sizes"}, infer_broadcast,
-          _ref_broadcast, moves_broadcast, "extent-1 axes expanded and new axes added"),
+          _ref_broadcast, moves_broadcast, "extent-1 axes expanded and new axes added", every_axis),
     _spec("slice", ("value",), {"axis", "start", "stop", "step"}, infer_slice, _ref_slice,
-          moves_slice, "Python slice (start, stop, step > 0) of one axis; never empty", reads_all=False),
+          moves_slice, "Python slice (start, stop, step > 0) of one axis; never empty", axes_except("axis"),
+          reads_all=False),
     _spec("concat", ("left", "right"), {"axis"}, infer_concat, _ref_concat, moves_concat,
-          "left then right along one static axis"),
+          "left then right along one static axis", axes_except("axis")),
 ]

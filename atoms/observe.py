@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import prange
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, every_axis
 from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import fail, json_kind
 from runtime.core.types import TensorType, is_float, numpy_dtype
@@ -415,15 +415,26 @@ def _cuda_fourier(node: Node):
 
 OBSERVED = ("value", "states", "mask", "activity")
 
+
+def _free_but(position: int):
+    """``free_axes``: every output axis (b, t, n, d) but the one at ``position``, which the
+    atom reads across (affine splits its coefficients at d; fourier shifts the image on n)."""
+    def free(node: Node) -> frozenset[str]:
+        axes = node.output_type.axes
+        return frozenset(axes) - {axes[position]}
+    return free
+
 SPECS = [
     AtomSpec(name="observe-identity", refs=refs_for("observe-identity"), inputs=OBSERVED,
              dtypes={"value": "floating", "states": "floating", "mask": "boolean", "activity": "floating|boolean"},
              attributes=frozenset(), infer=infer_identity,
+             free_axes=every_axis,
              kernels={"reference": node_kernel(_ref_identity), "cpu": node_kernel(_cpu_identity), "cuda": node_kernel(_cuda_identity)},
              summary="value [b,n,d] seen by each state [b,t,s]: mask ? value·activity : 0"),
     AtomSpec(name="observe-affine", refs=refs_for("observe-affine"), inputs=OBSERVED + ("weight", "bias"),
              dtypes={"value": "floating", "states": "floating", "mask": "boolean", "activity": "floating|boolean", "weight": "floating", "bias": "floating"},
              attributes=frozenset({"scale"}), infer=infer_affine,
+             free_axes=_free_but(3),
              kernels={"reference": node_kernel(_ref_affine), "cpu": node_kernel(_cpu_affine), "cuda": node_kernel(_cuda_affine)},
              summary="value modulated by tanh of states·weightᵀ + bias, per state"),
     AtomSpec(name="observe-fourier", refs=refs_for("observe-fourier"), inputs=OBSERVED,
@@ -432,5 +443,6 @@ SPECS = [
              infer=infer_fourier,
              kernels={"reference": node_kernel(_ref_fourier), "cpu": node_kernel(_cpu_fourier), "cuda": node_kernel(_cuda_fourier)},
              scratch_bytes=fourier_scratch,
+             free_axes=_free_but(2),
              summary="the value's [H, W] image shifted circularly by each state's (dx, dy)"),
 ]

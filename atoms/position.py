@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp, axes_except, every_axis
 from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import json_kind
 from runtime.kernels.layout import align_to
@@ -378,17 +378,20 @@ SPECS = [
              infer=infer_sinusoidal,
              kernels={"reference": node_kernel(_ref_sinusoidal), "cpu": node_kernel(_cpu_sinusoidal), "cuda": node_kernel(_cuda_sinusoidal)},
              scratch_bytes=frequency_scratch,
+             free_axes=axes_except("feature_axis"),
              summary="interleaved sin/cos features of coordinates along a new last axis"),
     AtomSpec(name="position-relative", refs=refs_for("position-relative"), inputs=("left", "right"),
              dtypes={"left": "coordinate", "right": "coordinate"},
              attributes=frozenset(), infer=infer_relative,
              kernels={"reference": node_kernel(_ref_relative), "cpu": _elementwise_cpu, "cuda": _elementwise_cuda},
              elementwise=lambda node: ScalarOp("({0} - {1})"),
+             free_axes=every_axis,
              summary="left - right broadcast by axis name (an outer difference over unshared axes)"),
     AtomSpec(name="position-rotary", refs=refs_for("position-rotary"), inputs=("value", "coordinates"),
              dtypes={"value": "floating", "coordinates": "coordinate"},
              attributes=frozenset({"feature_axis", "base"}), infer=infer_rotary,
              kernels={"reference": node_kernel(_ref_rotary), "cpu": node_kernel(_cpu_rotary), "cuda": node_kernel(_cuda_rotary)},
              scratch_bytes=rotary_scratch,
+             free_axes=axes_except("feature_axis"),
              summary="rotary embedding: adjacent feature pairs rotated by coordinate x frequency"),
 ]

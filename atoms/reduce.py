@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 from numba import prange
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, every_axis
 from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel, plain_kernel
 from runtime.core.errors import fail
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
@@ -262,6 +262,7 @@ SPECS = [
              dtypes={"value": "numeric"},
              attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce,
              kernels={"reference": node_kernel(_reference), "cpu": _cpu, "cuda": node_kernel(_cuda)},
+             free_axes=every_axis,
              summary="sum over one axis in index order (deterministic); the axis is removed"),
 ]
 
@@ -443,4 +444,5 @@ SPECS.append(
              dtypes={"value": "floating"},
              attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce2,
              kernels={"reference": node_kernel(_reference2), "cpu": node_kernel(_cpu2), "cuda": node_kernel(_cuda2)},
+             free_axes=every_axis,
              summary="sum, mean, amax or logsumexp (stable) over one axis; the axis is removed"))

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit, prange
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except
 from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to
@@ -347,5 +347,6 @@ SPECS = [
              infer=infer_segment,
              kernels={"reference": node_kernel(_ref_segment), "cpu": node_kernel(_cpu_segment), "cuda": node_kernel(_cuda_segment)},
              check_values=check_segment_ids, checked_inputs=(1, 2), scratch_bytes=scratch_bytes,
+             free_axes=axes_except("axis", "segment_axis"),
              summary="sum, mean, amax or softmax over id groups along one axis (masked entries ignored)"),
 ]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except
 from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel, plain_kernel
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to
@@ -228,5 +228,6 @@ SPECS = [
              dtypes={"logits": "floating", "mask": "boolean"},
              attributes=frozenset({"axis", "accumulation_dtype"}), infer=infer_masked_softmax,
              kernels={"reference": node_kernel(_reference), "cpu": _cpu, "cuda": node_kernel(_cuda)},
+             free_axes=axes_except("axis"),
              summary="stable softmax over visible entries along an axis; masked entries 0"),
 ]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit, prange
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, no_axis
 from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import fail, json_kind
 from runtime.core.types import NAME_RE, TensorType
@@ -281,11 +281,13 @@ SPECS = [
                                    "padding", "output_size"}),
              infer=infer_window, kernels={"reference": node_kernel(_ref_window), "cpu": node_kernel(_cpu_window), "cuda": node_kernel(_cuda_window)},
              half_native=HALF_NATIVE,
+             free_axes=axes_except("output_axis", "window_axis"),
              summary="sliding windows along one axis (kernel, stride, dilation, zero padding)"),
     AtomSpec(name="axis-index", refs=refs_for("axis-index"), inputs=("reference",),
              dtypes={"reference": "any"},
              attributes=frozenset({"axis"}), infer=infer_axis_index,
              kernels={"reference": node_kernel(_ref_axis_index), "cpu": node_kernel(_cpu_axis_index), "cuda": node_kernel(_cuda_axis_index)},
              half_native=HALF_NATIVE,
+             free_axes=no_axis,
              summary="the positions 0..n-1 of one axis of the reference (int64)"),
 ]

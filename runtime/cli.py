@@ -87,6 +87,11 @@ def _dim(text: str) -> tuple[str, int]:
     return name.strip(), extent
 
 
+def _chunks(text: str) -> str | int:
+    """An argparse type: 'auto' or a positive integer."""
+    return "auto" if text == "auto" else _count(1)(text)
+
+
 def _count(minimum: int):
     """An argparse type: an integer ≥ ``minimum``."""
     def parse(text: str) -> int:
@@ -128,6 +133,11 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--int-high", type=_count(1), default=1, metavar="N",
                        help="random int64 values are drawn from [0, N) (default 1)")
 
+    def chunks(c):
+        c.add_argument("--chunks", type=_chunks, default=None, metavar="auto|N",
+                       help="run in slices along a free axis: 'auto' when over max_working_bytes, "
+                            "or slices of at most N positions")
+
     command("validate", _validate, "Load and validate a program; print a summary.")
     c = command("run", _run, "Run a program once and summarise its outputs.", backend=True)
     c.add_argument("--inputs", metavar="FILE", help=".npz/.safetensors of input arrays by name")
@@ -138,10 +148,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--check-outputs", action="store_true",
                    help="fail (nonfinite, with the instruction's path) when any instruction output "
                         "holds NaN or ±inf (SPEC §3b.3 item 2)")
+    chunks(c)
     dims(c)
     random(c)
     c = command("plan", _plan, "Print the schedule, lifetimes, arena and memory for extents.",
                 backend=True)
+    chunks(c)
     dims(c)
     c = command("bench", _bench, "Time runs on random inputs.", backend=True)
     dims(c)
@@ -315,7 +327,8 @@ def _run(args) -> int:
     inputs, banks = _values(exe, args, dims)
     with _compile_feedback():
         started = time.perf_counter()
-        result = exe.run(inputs=inputs, banks=banks, check_outputs=args.check_outputs)
+        result = exe.run(inputs=inputs, banks=banks, check_outputs=args.check_outputs,
+                         chunks=args.chunks)
         elapsed = (time.perf_counter() - started) * 1e3
     if args.out:
         with open(args.out, "wb") as f:  # an open file keeps np.savez from appending ".npz"
@@ -357,7 +370,7 @@ def _num(v) -> str:
 
 def _plan(args) -> int:
     exe, dims = _prepare(args)
-    plan = exe.plan(dims, enforce=False)  # over max_working_bytes: reported, exit 1
+    plan = exe.plan(dims, enforce=False, chunks=args.chunks)  # over max_working_bytes: reported, exit 1
     if args.json:
         _emit(args, plan.fits, plan=plan.to_dict())
     else:
@@ -451,11 +464,13 @@ def _values(exe, args, dims: dict[str, int]) -> tuple[dict[str, Any], Any]:
                 for size, extent in zip(b.value_type.sizes, value.shape):
                     if isinstance(size, str):
                         dims.setdefault(size, extent)
-        _preflight(exe, dims)
+        if getattr(args, "chunks", None) is None:  # a chunked run preflights each slice
+            _preflight(exe, dims)
         want_inputs = [] if inputs is not None else program.input_bindings
         want_banks = [] if banks is not None else program.bank_bindings
         rand_inputs, rand_banks = random_values(program, dims, args.seed, args.int_high,
-                                                (*want_inputs, *want_banks), memory_limit)
+                                                (*want_inputs, *want_banks), memory_limit,
+                                                getattr(args, "chunks", None) is None)
         inputs = inputs if inputs is not None else rand_inputs
         banks = banks if banks is not None else rand_banks
     return inputs or {}, banks
@@ -517,9 +532,11 @@ def _check_headers(file: Path, suffix: str, path: str, limits, memory_limit: int
 
 
 def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 1,
-                  bindings=None, memory_limit: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+                  bindings=None, memory_limit: int | None = None,
+                  whole_working: bool = True) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Random values of the declared types (float32 for 'floating'), bundles included; every
-    size limit (the program's and the runtime ``memory_limit``) is checked before any is made."""
+    size limit (the program's and the runtime ``memory_limit``) is checked before any is made
+    (``whole_working=False``, for a chunked run: all of them together may pass max_working_bytes)."""
     from runtime.core.types import numpy_dtype
 
     if int_high < 1:
@@ -529,7 +546,7 @@ def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 
     if needed:
         fail("binding_shape", "$.dims",
              f"no extent for symbols {needed}: pass --dim {needed[0]}=… for each")
-    _check_random_sizes(program, dims, bindings, memory_limit)
+    _check_random_sizes(program, dims, bindings, memory_limit, whole_working)
     rng = np.random.default_rng(seed)
     inputs: dict[str, np.ndarray] = {}
     banks: dict[str, np.ndarray] = {}
@@ -547,7 +564,8 @@ def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 
     return inputs, banks
 
 
-def _check_random_sizes(program, dims: dict[str, int], bindings, memory_limit: int | None) -> None:
+def _check_random_sizes(program, dims: dict[str, int], bindings, memory_limit: int | None,
+                        whole_working: bool = True) -> None:
     """The values ``random_values`` would make, measured against the limits from their
     shapes alone (a huge ``--dim`` is refused, never allocated)."""
     from runtime.plan.memory import check_shape, check_working
@@ -563,7 +581,8 @@ def _check_random_sizes(program, dims: dict[str, int], bindings, memory_limit: i
         shape = [dims[s] if isinstance(s, str) else s for s in t.sizes]
         total += check_shape(f"random {b.name!r}", t.axes, shape, ITEMSIZE["float32" if t.dtype == "floating" else t.dtype],
                              lim, f"$.{'inputs' if b.kind == 'input' else 'banks'}.{b.name}")
-    check_working(total, lim, memory_limit, "the random values")
+    if whole_working:
+        check_working(total, lim, memory_limit, "the random values")
 
 
 if __name__ == "__main__":  # pragma: no cover

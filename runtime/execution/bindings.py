@@ -51,11 +51,13 @@ class BoundValues:
 
 
 def bind_values(program, inputs: Mapping[str, Any] | None, banks: Any,
-                memory_limit: int | None = None) -> BoundValues:
+                memory_limit: int | None = None, whole_working: bool = True) -> BoundValues:
     """Check ``inputs``/``banks`` against the program's bindings (every SPEC §4 rule).
     Resident banks (``runtime.execution.resident``) were checked when loaded: only the inputs are,
     with the extents the banks fix. Shapes, dtypes and every limit (the program's and the
-    runtime's ``memory_limit``) are checked for all values before any pass over their data."""
+    runtime's ``memory_limit``) are checked for all values before any pass over their data.
+    ``whole_working=False`` (a chunked run, which preflights each slice instead): the values
+    together are not held to ``max_working_bytes`` and the ceiling."""
     inputs = _mapping(inputs, "$.inputs", "inputs")
     resident = banks if isinstance(banks, ResidentBanks) else None
     symbols = _Symbols()
@@ -67,13 +69,14 @@ def bind_values(program, inputs: Mapping[str, Any] | None, banks: Any,
         floating = [v.dtype for name, v in resident.owned.items()
                     if program.binding(name).value_type.dtype == "floating"]
         values = _check_all(program.input_bindings, inputs, (None, {}), symbols, floating,
-                            program.limits, memory_limit, resident.owned.values())
+                            program.limits, memory_limit, resident.owned.values(), whole_working)
         values.update(resident.owned)
     else:
         source = _bank_source(banks)
         _check_keys(program, inputs, program.input_bindings, "$.inputs", "input")
         _check_bank_keys(program, source)
-        values = _check_all(program.bindings, inputs, source, symbols, (), program.limits, memory_limit)
+        values = _check_all(program.bindings, inputs, source, symbols, (), program.limits, memory_limit,
+                            whole_working=whole_working)
     ordered = {b.name: values[b.name] for b in program.bindings}
     return BoundValues(ordered, dict(symbols.dims), sum(a.nbytes for a in ordered.values()),
                        resident=resident.on_backend if resident is not None else NO_RESIDENT)
@@ -108,7 +111,7 @@ def _check_bank_keys(program, source) -> None:
 
 def _check_all(bindings, inputs: Mapping, source, symbols: "_Symbols",
                floating_known: Sequence[np.dtype], limits, memory_limit: int | None,
-               bound_before=()) -> dict[str, np.ndarray]:
+               bound_before=(), whole_working: bool = True) -> dict[str, np.ndarray]:
     """Every value of ``bindings`` checked. ``floating_known``: the dtypes of the run's
     ``floating`` values checked before (they count for the dtype a Python number takes).
     Two phases: rank, extents, dtype and every size limit for all values, then the passes
@@ -136,7 +139,8 @@ def _check_all(bindings, inputs: Mapping, source, symbols: "_Symbols",
         _check_size(b, a, path, limits)
         arrays[b.name] = (b, a, path)
     total = sum(a.nbytes for _, a, _ in arrays.values()) + sum(a.nbytes for a in bound_before)
-    check_working(total, limits, memory_limit, "the bound values alone")
+    if whole_working:
+        check_working(total, limits, memory_limit, "the bound values alone")
     values = {name: _check_data(b, a, path) for name, (b, a, path) in arrays.items()}
 
     if deferred:

@@ -22,7 +22,7 @@ from runtime.plugins.atomspec import Node
 from runtime.plugins.kernel import Kernel, KernelRequest
 from runtime.backends.base import Backend
 from runtime.kernels.arrays import is_device_array
-from runtime.execution.bindings import Binder, load_resident, value_is_finite
+from runtime.execution.bindings import Binder, BoundValues, bind_values, load_resident, value_is_finite
 from runtime.kernels.codegen import heal_numba_cache
 from runtime.execution.driver import Driver, build_driver
 from runtime.core.errors import did_you_mean, fail
@@ -31,6 +31,7 @@ from runtime.plan.halves import widen_halves
 from runtime.program.model import Program
 from runtime.execution.outputs import check_out
 from runtime.execution.pool import ResultPool
+from runtime.plan.freeaxes import Chunking, FreeAxes, even_slices, free_axes
 from runtime.plan.planner import Plan, make_plan
 from runtime.plugins.registry import Registry
 from runtime.execution.resident import ResidentBanks
@@ -160,6 +161,9 @@ class Executable:
         self._by_structure: dict[tuple, CompiledPlan] = {}
         self._last_structure: tuple[tuple | None, CompiledPlan | None] = (None, None)
         self._binder = Binder(program, self._deferred_finite, self.memory_limit)
+        self.free_axes: FreeAxes = free_axes(program, self.specs)
+        # (extents, dtypes, chunks) -> (the slicing, the whole outputs' types, their result pool)
+        self._chunkings: dict[tuple, tuple[Chunking | None, dict[str, TensorType], ResultPool]] = {}
         compilelog.install()  # kernels compile lazily, on first call: say so on runtime.compile
 
     def release_memory(self) -> None:
@@ -173,36 +177,53 @@ class Executable:
     # --- planning -----------------------------------------------------------------------
     @no_memory_error
     def plan(self, dims: Mapping[str, int] | None = None, dtypes: Mapping[str, str] | None = None,
-             *, enforce: bool = True) -> Plan:
-        """The schedule, lifetimes, arena offsets and memory verdict for these extents. With
-        ``enforce=False`` a working set over ``max_working_bytes`` gives a plan whose verdict
-        is "exceeds" (nothing is compiled) instead of ``limit_exceeded``."""
+             *, enforce: bool = True, chunks: str | int | None = None) -> Plan:
+        """The schedule, lifetimes, arena offsets and memory verdict for these extents (and
+        the program's free axes). With ``enforce=False`` a working set over
+        ``max_working_bytes`` gives a plan whose verdict is "exceeds" (nothing is compiled)
+        instead of ``limit_exceeded``. With ``chunks`` (as :meth:`run` takes it): the plan of
+        one slice, with its ``chunking``, when the run would be chunked."""
         dims = check_dims(self.program, dims or {})
+        if chunks is not None:
+            check_chunks(chunks)
+            chunking = self._chunking(dims, dict(dtypes or {}), chunks)
+            if chunking is not None:
+                sliced = {**dims, chunking.symbol: chunking.size}
+                plan = self._compiled(sliced, dict(dtypes or {}), whole=dims).plan if enforce else \
+                    self._schedule(sliced, dict(dtypes or {}), enforce=False)[0]
+                return attrs.evolve(plan, chunking=chunking)
         if not enforce:
             return self._schedule(dims, dict(dtypes or {}), enforce=False)[0]
         return self._compiled(dims, dict(dtypes or {})).plan
 
+    def output_types(self, dims: Mapping[str, int], dtypes: Mapping[str, str] | None = None) -> dict[str, TensorType]:
+        """Each output's resolved type for these extents (``dtypes``: the float dtype of each
+        ``floating`` binding); nothing is compiled and the working set is not enforced."""
+        types = self._schedule(check_dims(self.program, dims), dict(dtypes or {}), enforce=False)[1]
+        return {slot: types[slot] for slot in self.program.outputs}
+
     def _compiled(self, dims: dict[str, int], dtypes: dict[str, str],
-                  resident: frozenset[str] = frozenset(), check_outputs: bool = False) -> CompiledPlan:
-        key = (tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), resident, check_outputs)
+                  resident: frozenset[str] = frozenset(), check_outputs: bool = False,
+                  whole: Mapping[str, int] | None = None) -> CompiledPlan:
+        """``whole``: these extents are one slice of a run with those (see :class:`Node`)."""
+        whole = None if whole is None or dict(whole) == dict(dims) else dict(whole)
+        key = (tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), resident, check_outputs,
+               tuple(sorted(whole.items())) if whole else None)
         with self._plans_lock:
             compiled = self._plans.get(key)
             if compiled is not None:
                 self._plans.move_to_end(key)
                 return compiled
-        compiled = self._build(dims, dtypes, resident, check_outputs)
+        compiled = self._build(dims, dtypes, resident, check_outputs, whole)
         with self._plans_lock:
             self._plans[key] = compiled
             while len(self._plans) > MAX_CACHED_PLANS:
                 self._plans.popitem(last=False)
         return compiled
 
-    def _schedule(self, dims: dict[str, int], dtypes: dict[str, str], enforce: bool = True,
-                  check_outputs: bool = False):
-        """(plan, resolved types, binding types) for these extents: no kernel is built."""
-        program = self.program
+    def _binding_types(self, dims: Mapping[str, int], dtypes: dict[str, str]) -> dict[str, TensorType]:
         binding_types = {}
-        for b in program.bindings:
+        for b in self.program.bindings:
             t = b.value_type.resolve(dims, dtypes.get(b.name))
             if not t.is_static:
                 unknown = [s for s in t.sizes if isinstance(s, str)]
@@ -210,7 +231,19 @@ class Executable:
             if t.dtype == "floating":
                 t = t.evolve(dtype="float32")  # planning without values: assume float32
             binding_types[b.name] = t
+        return binding_types
+
+    def _schedule(self, dims: dict[str, int], dtypes: dict[str, str], enforce: bool = True,
+                  check_outputs: bool = False, whole: Mapping[str, int] | None = None):
+        """(plan, resolved types, binding types) for these extents: no kernel is built.
+        ``whole``: the extents of the run these are a slice of; each node then carries its
+        instruction resolved for them (``Node.whole``)."""
+        program = self.program
+        binding_types = self._binding_types(dims, dtypes)
         nodes, dims, types = resolve_nodes(program, self.specs, binding_types, dims)
+        if whole is not None:
+            whole_nodes = resolve_nodes(program, self.specs, self._binding_types(whole, dtypes), whole)[0]
+            nodes = [attrs.evolve(n, whole=w) for n, w in zip(nodes, whole_nodes)]
         if not self.backend.half_kernels:
             nodes = widen_halves(nodes, program.outputs, self.backend.name)
             types = {**types, **{n.output_slot: n.output_type for n in nodes}}
@@ -219,13 +252,13 @@ class Executable:
                          slot_index={s.slot_id: i for i, s in enumerate(program.slots)},
                          binding_kinds={b.name: b.kind for b in program.bindings}, enforce=enforce,
                          memory_limit=self.memory_limit, keep_fused_operands=check_outputs)
-        return plan, types, binding_types
+        return attrs.evolve(plan, free=self.free_axes), types, binding_types
 
     def _build(self, dims: dict[str, int], dtypes: dict[str, str], resident: frozenset[str],
-               check_outputs: bool = False) -> CompiledPlan:
+               check_outputs: bool = False, whole: Mapping[str, int] | None = None) -> CompiledPlan:
         """Kernels for these extents; none counts the non-finite values of ``resident``
         banks (checked when loaded). ``check_outputs``: every instruction output is checked."""
-        plan, types, binding_types = self._schedule(dims, dtypes, check_outputs=check_outputs)
+        plan, types, binding_types = self._schedule(dims, dtypes, check_outputs=check_outputs, whole=whole)
         binding_slots = set(binding_types)
         unclaimed = {n for n, t in binding_types.items() if t.dtype in FLOAT_DTYPES} - resident
         launches, upfront = [], []
@@ -302,7 +335,8 @@ class Executable:
 
     @no_memory_error
     def run(self, inputs: Mapping[str, Any] | None = None, banks: Any = None, trace: bool = False,
-            out: Mapping[str, Any] | None = None, check_outputs: bool = False) -> Result:
+            out: Mapping[str, Any] | None = None, check_outputs: bool = False,
+            chunks: str | int | None = None, slice_of: Mapping[str, int] | None = None) -> Result:
         """Run once. ``out`` maps output slots to arrays to write the results into (host
         arrays, or device arrays for device results); results it leaves out are new arrays,
         or earlier results the caller no longer refers to at all. ``banks`` may be the
@@ -310,14 +344,40 @@ class Executable:
         ``check_outputs``: raise ``nonfinite`` at the instruction whose output first holds a
         NaN or ±inf (SPEC §3b.3 item 2), checked inside the kernels that make the values
         where they can count them, by a scan right after the kernel otherwise; ``out`` arrays
-        are then written only once every output passed."""
+        are then written only once every output passed.
+
+        ``chunks="auto"``: a run whose working set is over ``max_working_bytes`` runs in
+        slices along a free axis (:mod:`runtime.plan.freeaxes`), each slice within the limit;
+        ``chunks=n`` (an int): slices of at most n positions, whether or not the whole fits.
+        The results are then fresh arrays (or ``out``), written slice by slice.
+
+        ``slice_of``: the values are one slice (a block, say of a dask array) of a run with
+        these symbol extents; kernels choose their algorithms as for those extents, so the
+        slice's results are bit for bit those of the whole run."""
         if isinstance(banks, ResidentBanks):
             banks.check_backend(self.backend)
+        if chunks is not None or slice_of is not None:
+            if chunks is not None:
+                check_chunks(chunks)
+            if check_outputs:
+                fail("schema", "$.chunks" if chunks is not None else "$.slice_of",
+                     "check_outputs runs the whole program at once: it does not combine with "
+                     "chunks or slice_of")
+            whole = check_dims(self.program, slice_of) if slice_of is not None else None
+            return self._run_chunked(inputs, banks, trace, out, chunks, whole)
         bound = self._binder.bind(inputs, banks)
         if check_outputs:
             return self._run_checked(bound, inputs, banks, trace, out)
+        return self._run_bound(bound, inputs, banks, trace, out)
+
+    def _run_bound(self, bound: BoundValues, inputs, banks, trace: bool, out,
+                   whole: Mapping[str, int] | None = None) -> Result:
         last = self._last_structure  # the binder's fast path hands back the very same key
-        if bound.structure is not None and last[0] is bound.structure:
+        if whole is not None:
+            self._check_host(bound)
+            compiled = self._compiled(bound.dims, self._float_dtypes(bound), frozenset(bound.resident),
+                                      whole=whole)
+        elif bound.structure is not None and last[0] is bound.structure:
             compiled = last[1]
         else:
             compiled = self._by_structure.get(bound.structure) if bound.structure is not None else None
@@ -375,6 +435,164 @@ class Executable:
                 np.copyto(target, self.backend.to_host(value))
             values[slot] = target
         return Result(values, result.trace, result.plan)
+
+    # --- chunked runs ---------------------------------------------------------------------
+    def _chunking(self, dims: dict[str, int], dtypes: dict[str, str], chunks: str | int) -> Chunking | None:
+        """How a run with these extents is sliced (None: ``chunks="auto"`` and the whole fits)."""
+        return self._chunking_entry(dims, dtypes, chunks)[0]
+
+    def _chunking_entry(self, dims: dict[str, int], dtypes: dict[str, str], chunks: str | int):
+        """(the slicing, the whole outputs' types, their result pool), decided once per
+        extents, dtypes and ``chunks``."""
+        key = (tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), chunks)
+        entry = self._chunkings.get(key)
+        if entry is not None:
+            return entry
+        whole, types, _ = self._schedule(dims, dtypes, enforce=False)
+        entry = (self._choose_chunking(whole, dims, dtypes, chunks),
+                 {slot: types[slot] for slot in self.program.outputs}, ResultPool())
+        with self._plans_lock:
+            if len(self._chunkings) >= MAX_CACHED_PLANS:
+                self._chunkings.clear()
+            return self._chunkings.setdefault(key, entry)
+
+    def _choose_chunking(self, whole: Plan, dims: dict[str, int], dtypes: dict[str, str],
+                         chunks: str | int) -> Chunking | None:
+        if chunks == "auto" and self._fits(whole):
+            return None
+        free = [s for s in self.free_axes.free if s in whole.dims]
+        if not free:
+            reasons = "; ".join(f"{s}: {why}" for s, why in self.free_axes.tied.items()) or \
+                "the program has no symbolic axis"
+            if chunks == "auto":
+                fail("limit_exceeded", "$.limits.max_working_bytes",
+                     f"the working set needs {whole.working_bytes} bytes but max_working_bytes allows "
+                     f"{whole.max_working_bytes}, and chunks='auto' finds no free axis to run it in "
+                     f"slices along ({reasons})")
+            fail("schema", "$.chunks", f"chunks={chunks!r} needs a free axis to slice along and the "
+                                       f"program has none ({reasons})")
+        # an axis that leads every tensor carrying it first (its slices are contiguous views,
+        # results written in place), then the longest (the most room to split)
+        free.sort(key=lambda s: (not self._leads(s), -whole.dims[s]))
+        if chunks == "auto":
+            symbol, most = self._slice_axis(dims, dtypes, free, whole.dims)
+        else:
+            symbol = next((s for s in free if whole.dims[s] > chunks), free[0])  # one that splits
+            most = min(int(chunks), whole.dims[symbol])
+        extent = whole.dims[symbol]
+        size, count = even_slices(extent, most)
+        sliced = self._schedule({**dims, symbol: size}, dtypes, enforce=False)[0]
+        return Chunking(symbol, extent, size, count, chunks, whole.working_bytes, sliced.working_bytes)
+
+    def _fits(self, plan: Plan) -> bool:
+        return plan.fits and (self.memory_limit is None or plan.working_bytes <= self.memory_limit)
+
+    def _leads(self, symbol: str) -> bool:
+        """Whether ``symbol`` sizes the first axis of every binding and output carrying it."""
+        types = [b.value_type for b in self.program.bindings] + \
+            [self.program.slot(s).value_type for s in self.program.outputs]
+        return all(t.sizes[0] == symbol for t in types if symbol in t.sizes)
+
+    def _slice_axis(self, dims: dict[str, int], dtypes: dict[str, str], free: list[str],
+                    extents: Mapping[str, int]) -> tuple[str, int]:
+        """The first of ``free`` along which one position fits, and the most positions that
+        do (bisection: the working set grows with the slice)."""
+        for symbol in free:
+            def fits(size: int) -> bool:
+                return self._fits(self._schedule({**dims, symbol: size}, dtypes, enforce=False)[0])
+
+            if fits(1):
+                break
+        else:
+            one = self._schedule({**dims, free[-1]: 1}, dtypes, enforce=False)[0]
+            fail("limit_exceeded", "$.limits.max_working_bytes",
+                 f"even a slice of one position along {free[-1]!r} needs {one.working_bytes} bytes "
+                 f"but max_working_bytes allows {one.max_working_bytes}"
+                 + (f" (and along {', '.join(map(repr, free[:-1]))} no less)" if len(free) > 1 else ""))
+        lo, hi = 1, extents[symbol]  # fits(lo); hi: the whole, which does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return symbol, lo
+
+    def _run_chunked(self, inputs, banks, trace: bool, out, chunks: str | int | None,
+                     slice_of: dict[str, int] | None) -> Result:
+        # the values together may pass max_working_bytes: each slice is preflighted instead
+        bound = bind_values(self.program, inputs, banks, self.memory_limit, whole_working=chunks is None)
+        self._check_host(bound)
+        dtypes = self._float_dtypes(bound)
+        resident = frozenset(bound.resident)
+        chunking, whole_types, pool = self._chunking_entry(dict(bound.dims), dtypes, chunks) \
+            if chunks is not None else (None, None, None)
+        if chunking is None:  # the whole fits: an ordinary run, on the values bound already
+            return self._run_bound(bound, inputs, banks, trace, out,
+                                   {**bound.dims, **slice_of} if slice_of is not None else None)
+        symbol = chunking.symbol
+        compiled = self._compiled({**bound.dims, symbol: chunking.size}, dtypes, resident,
+                                  whole={**bound.dims, **(slice_of or {})})
+        given = check_out(out, self.program.outputs, whole_types, bound.values, is_device_array) \
+            if out is not None else {}
+        backend = self.backend
+        host_results = not backend.device_memory or _host_values(bound)
+        results = {}
+        for slot in self.program.outputs:
+            t = whole_types[slot]
+            if given.get(slot) is not None:
+                results[slot] = given[slot]
+            elif host_results:  # an earlier result nothing else refers to, else a fresh array
+                results[slot] = pool.take(slot, lambda t=t: np.empty(t.shape, numpy_dtype(t.dtype)))
+            else:
+                results[slot] = backend.empty(t)
+        axes = {name: _axis_of(t, symbol) for name, t in
+                [(b.name, b.value_type) for b in self.program.bindings]
+                + [(s, self.program.slot(s).value_type) for s in results]}  # declared: symbolic
+        slices = []
+        for start in chunking.starts():
+            def cut(name, value, start=start):
+                k = axes[name]
+                if k is None:
+                    return value
+                index = (slice(None),) * k + (slice(start, start + chunking.size),)
+                return value[index]
+            values = {name: cut(name, v) for name, v in bound.values.items()}
+            slices.append((values, {slot: cut(slot, r) for slot, r in results.items()}))
+        for values, _ in slices:  # index checks of every slice before any kernel writes a result
+            for node, positions in compiled.upfront_checks:
+                _check(node, positions, lambda slot: values[slot])
+        records: list[dict[str, Any]] | None = [] if trace else None
+        arena = compiled.acquire_arena()
+        try:
+            for k, (values, targets) in enumerate(slices):
+                part = BoundValues(values, {**bound.dims, symbol: chunking.size},
+                                   sum(getattr(v, "nbytes", 0) for v in values.values()),
+                                   resident=bound.resident)
+                # a target a kernel can write (C-contiguous) is written in place; others are copied
+                inplace = {slot: t for slot, t in targets.items() if _contiguous(t)}
+                got = self._execute(compiled, part, arena, trace, inplace, (inputs, banks))
+                for slot, t in targets.items():
+                    if slot not in inplace:
+                        t[...] = got[slot]
+                if records is not None:
+                    records.extend({**r, "chunk": k} for r in got.trace)
+        finally:
+            compiled.release_arena(arena)
+        return Result({slot: results[slot] for slot in self.program.outputs}, records,
+                      attrs.evolve(compiled.plan, chunking=chunking))
+
+    def _check_host(self, bound) -> None:
+        """Host backends refuse device arrays."""
+        if not self.backend.device_memory:
+            for name, v in bound.values.items():
+                if not isinstance(v, np.ndarray):
+                    kind = "inputs" if self.program.binding(name).kind == "input" else "banks"
+                    fail("binding_dtype", f"$.{kind}.{name}",
+                         f"{name!r} is a device array; backend {self.backend.name!r} takes host "
+                         "NumPy arrays (use backend='cuda', or copy it to the host)")
+
+    def _float_dtypes(self, bound) -> dict[str, str]:
+        """The float dtype each ``floating`` binding was bound as."""
+        return {b.name: formula_dtype(bound.values[b.name].dtype) for b in self.program.bindings
+                if b.value_type.dtype == "floating"}
 
     def _deferred_finite(self, structure: tuple) -> frozenset[str] | None:
         compiled = self._by_structure.get(structure)
@@ -515,6 +733,26 @@ def _check(node: Node, positions, fetch) -> None:
     for k in positions:
         host[k] = fetch(node.input_slots[k])
     node.atom.check_values(node, host)
+
+
+def check_chunks(chunks: Any) -> None:
+    """``chunks``: "auto" or a positive number of positions per slice."""
+    if chunks == "auto" and isinstance(chunks, str):
+        return
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        fail("schema", "$.chunks", f"chunks must be 'auto' or a positive integer (positions per "
+                                   f"slice along a free axis), got {chunks!r}")
+
+
+def _axis_of(t: TensorType, symbol: str) -> int | None:
+    return next((k for k, s in enumerate(t.sizes) if s == symbol), None)
+
+
+def _contiguous(a: Any) -> bool:
+    flags = getattr(a, "flags", None)
+    if flags is not None:
+        return bool(flags["C_CONTIGUOUS"])
+    return bool(getattr(a, "is_c_contiguous", lambda: False)())
 
 
 def check_dims(program: Program, dims: Mapping[str, int]) -> dict[str, int]:

@@ -16,6 +16,7 @@ import attrs
 from runtime.plan import arena
 from runtime.plugins.atomspec import Node
 from runtime.core.errors import fail
+from runtime.plan.freeaxes import Chunking, FreeAxes
 from runtime.plan.grouping import Group, make_groups
 from runtime.plan.memory import check_ceiling
 from runtime.program.model import type_to_dict
@@ -52,6 +53,8 @@ class Plan:
     backend: str = ""
     fused: bool = False
     scratch_bytes: int = 0  # kernels' own scratch beyond the slots (AtomSpec.scratch_bytes), summed
+    free: FreeAxes | None = None  # the program's free axes (runtime.plan.freeaxes)
+    chunking: Chunking | None = None  # set on the plan of one slice of a chunked run
 
     @property
     def working_bytes(self) -> int:
@@ -86,6 +89,8 @@ class Plan:
             "scratch_bytes": self.scratch_bytes, "working_bytes": self.working_bytes,
             "max_working_bytes": self.max_working_bytes,
             "fits": self.fits, "verdict": self.verdict,
+            "free_axes": self.free.to_dict() if self.free is not None else None,
+            "chunking": self.chunking.to_dict() if self.chunking is not None else None,
         }
 
     def describe(self) -> str:
@@ -125,6 +130,10 @@ class Plan:
                      f" + arena {_size(self.arena_bytes)} + outputs {_size(self.output_bytes)}"
                      f" + kernel scratch {_size(self.scratch_bytes)}; "
                      f"{'fits' if self.fits else 'EXCEEDS'} max_working_bytes {_size(self.max_working_bytes)}")
+        if self.free is not None:
+            lines.append(self.free.describe())
+        if self.chunking is not None:
+            lines.append(self.chunking.describe())
         return "\n".join(lines)
 
 

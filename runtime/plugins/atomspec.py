@@ -61,6 +61,12 @@ class AtomSpec:
     # bytes of scratch a kernel holds beyond the arena slots, per backend (``scratch_bytes(node,
     # backend)``): the §5 preflight counts the largest of them in the working set (§3b.3 item 7)
     scratch_bytes: Callable[["Node", str], int] | None = None
+    # the output axes the atom maps position by position (``free_axes(node)``, axis names): the
+    # output at position i of such an axis reads every operand that has an axis of that name
+    # only at position i (or at 0 where the operand has extent 1 there: broadcast), and never
+    # depends on i itself. The planner may then run the program in slices along it
+    # (runtime.plan.freeaxes). None: no axis is free (the default for plugin atoms).
+    free_axes: Callable[["Node"], frozenset[str]] | None = None
     summary: str = ""
     # operand name -> the dtype class it accepts (runtime.core.types.DTYPE_CLASSES, "a|b" for
     # either), shown by ``formula atoms``; ``infer`` is what enforces it
@@ -84,6 +90,10 @@ class Node:
     input_types: tuple[TensorType, ...]
     output_type: TensorType
     path: str  # JSON path of the instruction, for errors raised while running it
+    # when this node runs one slice of a chunked run (runtime.plan.freeaxes): the instruction
+    # resolved for the whole run's extents. A kernel that picks its algorithm by extents picks
+    # it by the whole's, so that every slice computes each element as the whole run would.
+    whole: "Node | None" = None
 
 
 class InferContext:
@@ -192,6 +202,24 @@ class InferContext:
         return TensorType(tuple(axes), tuple(sizes), dtype or t.dtype, t.domain, t.schema_ref)
 
 
+def every_axis(node: "Node") -> frozenset[str]:
+    """``free_axes`` of an atom that maps every output axis position by position (elementwise)."""
+    return frozenset(node.output_type.axes)
+
+
+def no_axis(node: "Node") -> frozenset[str]:
+    """``free_axes`` of an atom whose values depend on positions themselves (axis-index)."""
+    return frozenset()
+
+
+def axes_except(*keys: str) -> Callable[["Node"], frozenset[str]]:
+    """``free_axes``: every output axis but those the attributes ``keys`` name (the axis an atom
+    reduces, normalises, slices or indexes along)."""
+    def free(node: "Node") -> frozenset[str]:
+        return frozenset(node.output_type.axes) - {node.attributes[k] for k in keys}
+    return free
+
+
 def _is_floating(dtype: str) -> bool:
     from runtime.core.types import is_float
 
@@ -199,7 +227,7 @@ def _is_floating(dtype: str) -> bool:
 
 
 __all__ = ["AtomSpec", "ScalarOp", "Node", "InferContext", "FormulaError", "KernelFactory",
-           "Kernel", "KernelRequest"]
+           "Kernel", "KernelRequest", "every_axis", "axes_except", "no_axis"]
 
 
 def bind_node(spec: AtomSpec, attributes: Mapping[str, Any], input_types: Sequence[TensorType],

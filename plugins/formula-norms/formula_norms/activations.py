@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp, every_axis
 from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 from runtime.core.types import TensorType
 
@@ -86,5 +86,5 @@ SPECS = [AtomSpec(
     dtypes={"value": "floating"},
     attributes=frozenset({"mode"}), infer=infer_scalar_map_ext,
     kernels={"reference": _reference, "cpu": _cpu, "cuda": _cuda},
-    elementwise=_elementwise, inplace=0,
+    elementwise=_elementwise, inplace=0, free_axes=every_axis,
     summary="elementwise gelu-tanh | softplus; fusable as an epilogue")]

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except
 from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
@@ -106,7 +106,7 @@ def _spec(name: str, summary: str) -> AtomSpec:
         dtypes={"value": "floating"},
         infer=infer_norm,
         kernels={"reference": _reference(name), "cpu": _cpu(name), "cuda": _cuda(name)},
-        summary=summary)
+        free_axes=axes_except("axis"), summary=summary)
 
 
 SPECS = [

@@ -1,0 +1,198 @@
+"""Chunked runs (``run(chunks=...)``): slices along a free axis equal the whole run bit for bit."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import runtime
+from runtime import FormulaError
+from runtime.build import ProgramBuilder
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+SEED = json.loads((EXAMPLES / "seed-lora-silu.program.json").read_text())
+BACKENDS = ["reference", "cpu"]
+
+
+def seed(limit: int | None = None) -> dict:
+    doc = json.loads(json.dumps(SEED))
+    if limit is not None:
+        doc["limits"]["max_working_bytes"] = limit
+    return doc
+
+
+def seed_values(b: int, s: int, seed_: int = 0):
+    rng = np.random.default_rng(seed_)
+    inputs = {"x": rng.standard_normal((b, s, 1024), dtype=np.float32),
+              "base": rng.standard_normal((b, s, 1024), dtype=np.float32),
+              "lora.gain": np.float32(0.5)}
+    banks = {"lora.A": (rng.standard_normal((32, 1024)) * 0.03).astype(np.float32),
+             "lora.B": (rng.standard_normal((1024, 32)) * 0.03).astype(np.float32)}
+    return inputs, banks
+
+
+@pytest.fixture(scope="module")
+def whole():
+    """The unchunked seed results per backend and shape (the oracle of every chunked run)."""
+    cache = {}
+
+    def get(backend, b, s):
+        key = (backend, b, s)
+        if key not in cache:
+            inputs, banks = seed_values(b, s)
+            cache[key] = runtime.compile(seed(), backend=backend).run(inputs=inputs, banks=banks)["%4"].copy()
+        return cache[key]
+    return get
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("b, s, limit", [(2, 300, 3 << 20), (1, 200, 1 << 20), (16, 24, 2 << 20)])
+def test_auto_chunks_a_run_over_the_limit_bit_for_bit(backend, b, s, limit, whole):
+    inputs, banks = seed_values(b, s)
+    exe = runtime.compile(seed(limit), backend=backend)
+    with pytest.raises(FormulaError) as err:
+        exe.run(inputs=inputs, banks=banks)  # without chunks: refused, as before
+    assert err.value.code == "limit_exceeded"
+    got = exe.run(inputs=inputs, banks=banks, chunks="auto")
+    c = got.plan.chunking
+    assert c is not None and c.count > 1 and c.slice_working_bytes <= limit < c.whole_working_bytes
+    assert got.plan.fits and got.plan.to_dict()["chunking"]["count"] == c.count
+    assert "chunked along" in got.plan.describe()
+    assert np.array_equal(got["%4"], whole(backend, b, s))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("chunks", [1, 2, 5, 7, 16, 36])
+def test_every_slice_size_gives_the_whole_run_bit_for_bit(backend, chunks, whole):
+    inputs, banks = seed_values(3, 37)
+    got = runtime.compile(seed(), backend=backend).run(inputs=inputs, banks=banks, chunks=chunks)
+    # the leading free axis B (contiguous slices) while it splits, else S (strided slices)
+    assert got.plan.chunking.symbol == ("B" if chunks < 3 else "S")
+    assert got.plan.chunking.size <= chunks and got.plan.chunking.count > 1
+    assert np.array_equal(got["%4"], whole(backend, 3, 37))
+
+
+def test_a_leading_free_axis_is_written_in_place_into_out():
+    inputs, banks = seed_values(9, 2)  # B is the longest free axis: contiguous slices
+    exe = runtime.compile(seed(), backend="cpu")
+    expected = exe.run(inputs=inputs, banks=banks)["%4"].copy()
+    out = np.full((9, 2, 1024), np.nan, np.float32)
+    got = exe.run(inputs=inputs, banks=banks, out={"%4": out}, chunks=4)
+    assert got.plan.chunking.symbol == "B" and got["%4"] is out
+    assert np.array_equal(out, expected)
+
+
+def test_results_are_fresh_per_run_and_inputs_untouched():
+    inputs, banks = seed_values(2, 40)
+    before = {k: np.array(v, copy=True) for k, v in inputs.items()}
+    exe = runtime.compile(seed(), backend="cpu")
+    first = exe.run(inputs=inputs, banks=banks, chunks=8)["%4"]
+    kept = first.copy()
+    second = exe.run(inputs={**inputs, "lora.gain": np.float32(2.0)}, banks=banks, chunks=8)["%4"]
+    assert not np.shares_memory(first, second)
+    assert np.array_equal(first, kept)
+    for k, v in before.items():
+        assert np.array_equal(inputs[k], v)
+
+
+def test_auto_on_a_run_that_fits_is_an_ordinary_run():
+    inputs, banks = seed_values(1, 4)
+    got = runtime.compile(seed(), backend="cpu").run(inputs=inputs, banks=banks, chunks="auto")
+    assert got.plan.chunking is None
+
+
+def tied_program(limit: int) -> dict:
+    b = ProgramBuilder()
+    x = b.input("x", {"T": "T", "D": 64})
+    y = b.op("masked-softmax", [x, b.input("m", {"T": "T", "D": 64}, dtype="boolean")],
+             {"axis": "T", "accumulation_dtype": "float32"})
+    return b.build(outputs=[y], limits={"max_working_bytes": limit})
+
+
+def test_no_free_axis_is_refused_with_the_reason():
+    exe = runtime.compile(tied_program(4096), backend="cpu")
+    inputs = {"x": np.ones((64, 64), np.float32), "m": np.ones((64, 64), bool)}
+    with pytest.raises(FormulaError) as err:
+        exe.run(inputs=inputs, chunks="auto")
+    assert err.value.code == "limit_exceeded"
+    assert "no free axis" in err.value.message and "masked-softmax" in err.value.message
+    assert "'T'" in err.value.message
+    with pytest.raises(FormulaError) as err:
+        exe.run(inputs=inputs, chunks=8)
+    assert err.value.code == "schema" and err.value.path == "$.chunks"
+
+
+def test_a_slice_that_cannot_fit_is_refused():
+    inputs, banks = seed_values(1, 8)
+    exe = runtime.compile(seed(100_000), backend="cpu")  # the banks alone need more
+    with pytest.raises(FormulaError) as err:
+        exe.run(inputs=inputs, banks=banks, chunks="auto")
+    assert err.value.code == "limit_exceeded" and "one position" in err.value.message
+
+
+@pytest.mark.parametrize("bad", ["yes", 0, -3, 2.5, True, [4], None])
+def test_bad_chunks_values(bad):
+    inputs, banks = seed_values(1, 4)
+    exe = runtime.compile(seed(), backend="reference")
+    if bad is None:
+        exe.run(inputs=inputs, banks=banks, chunks=bad)  # the default: unchunked
+        return
+    with pytest.raises(FormulaError) as err:
+        exe.run(inputs=inputs, banks=banks, chunks=bad)
+    assert err.value.code == "schema" and err.value.path == "$.chunks"
+
+
+def test_plan_reports_the_chunking():
+    exe = runtime.compile(seed(1 << 20), backend="cpu")
+    plan = exe.plan({"B": 1, "S": 200}, chunks="auto")
+    assert plan.chunking.symbol == "S" and plan.fits
+    assert plan.to_dict()["free_axes"]["free"] == ["B", "S"]
+    assert not exe.plan({"B": 1, "S": 200}, enforce=False).fits
+
+
+def test_cli_run_and_plan_with_chunks(tmp_path, capsys):
+    from runtime.cli import main
+
+    path = tmp_path / "seed.json"
+    path.write_text(json.dumps(seed(600_000)))
+    args = [str(path), "--dim", "B=2", "--dim", "S=40"]
+    assert main(["run", *args, "--random"]) != 0
+    capsys.readouterr()
+    assert main(["run", *args, "--random", "--chunks", "auto"]) == 0
+    assert main(["plan", *args, "--chunks", "auto", "--json"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("{"):])
+    assert report["plan"]["chunking"]["symbol"] == "S" and report["plan"]["chunking"]["count"] > 1
+
+
+@pytest.mark.cuda
+def test_cuda_chunked_host_and_device_values():
+    from numba import cuda
+
+    b = ProgramBuilder()
+    x = b.input("x", {"B": "B", "S": "S", "D": 8})
+    w = b.bank("w", {"E": 4, "D": 8})
+    y = b.op("contract", [x, w], {"reduce_axes": [["D", "D"]], "output_axes": ["B", "S", "E"],
+                                   "accumulation_dtype": "float32"})
+    z = b.op("scalar-map", [y], {"mode": "silu"})
+    doc = b.build(outputs=[z])
+    rng = np.random.default_rng(0)
+    xs, ws = rng.standard_normal((3, 5, 8), dtype=np.float32), rng.standard_normal((4, 8), dtype=np.float32)
+    want = runtime.compile(doc, backend="reference").run(inputs={"x": xs}, banks={"w": ws})[z]
+    exe = runtime.compile(doc, backend="cuda")
+    for chunks, symbol in ((1, "B"), (4, "S")):  # contiguous slices, then strided ones
+        got = exe.run(inputs={"x": xs}, banks={"w": ws}, chunks=chunks)
+        assert got.plan.chunking.symbol == symbol and isinstance(got[z], np.ndarray)
+        np.testing.assert_allclose(got[z], want, rtol=1e-5, atol=1e-6)
+    got = exe.run(inputs={"x": cuda.to_device(xs)}, banks={"w": ws}, chunks=1)  # device results
+    np.testing.assert_allclose(got[z].copy_to_host(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_check_outputs_does_not_combine_with_chunks():
+    inputs, banks = seed_values(1, 4)
+    exe = runtime.compile(seed(), backend="cpu")
+    with pytest.raises(FormulaError) as err:
+        exe.run(inputs=inputs, banks=banks, chunks=2, check_outputs=True)
+    assert err.value.code == "schema" and "check_outputs" in err.value.message
