@@ -8,12 +8,14 @@ and recorded, per process, by bench/conftest.py.
     python bench/run.py                                   # everything, merged JSON in bench/results/
     python bench/run.py --contenders numpy,cpu -k "not T32768" --report docs/performance.md
     python bench/run.py --quick                           # each case once, results checked
+    python bench/run.py --suites blocks --noisy           # a CPU-bound process on one core meanwhile
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -30,7 +32,7 @@ if str(REPO) not in sys.path:
 from bench import coldstart, envinfo  # noqa: E402
 from bench.contenders import CONTENDERS, RUNTIME_BACKENDS  # noqa: E402
 
-SUITES = {"seed": "bench/test_seed.py", "atoms": "bench/test_atoms.py"}
+SUITES = {"seed": "bench/test_seed.py", "atoms": "bench/test_atoms.py", "blocks": "bench/test_blocks.py"}
 SCHEMA = "formula-bench-merged/1"
 
 
@@ -48,18 +50,35 @@ def pytest_command(contender: str, files: list[str], json_path: Path, meta_path:
     return cmd + extra
 
 
+NEIGHBOUR = ("import os, sys\n"
+             "os.sched_setaffinity(0, {int(sys.argv[1])})\n"
+             "while True:\n"
+             "    sum(i * i for i in range(10000))\n")
+
+
+def start_neighbour() -> subprocess.Popen:
+    """A CPU-bound process pinned to the last usable core: the noisy neighbour."""
+    core = max(os.sched_getaffinity(0))
+    return subprocess.Popen([sys.executable, "-c", NEIGHBOUR, str(core)])
+
+
 def run_contender(contender: str, files: list[str], workdir: Path, keyword: str | None,
-                  quick: bool, extra: list[str], timeout: float) -> dict[str, Any]:
+                  quick: bool, extra: list[str], timeout: float, noisy: bool = False) -> dict[str, Any]:
     stem = contender.replace(",", "+")
     json_path, meta_path = workdir / f"{stem}.json", workdir / f"{stem}.meta.json"
     cmd = pytest_command(contender, files, json_path, meta_path, keyword, quick, extra)
-    print(f"[bench] {contender}: {shlex.join(cmd)}", flush=True)
+    print(f"[bench] {contender}: {shlex.join(cmd)}{' (noisy neighbour)' if noisy else ''}", flush=True)
+    neighbour = start_neighbour() if noisy else None
     t = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
         returncode, stdout = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         returncode, stdout = "timeout", f"{exc}"
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
     seconds = time.perf_counter() - t
     summary = [ln for ln in stdout.splitlines() if re.search(r"\d+ (passed|failed|skipped|deselected|error)", ln)]
     print(f"[bench] {contender}: rc={returncode} in {seconds:.1f}s: {(summary or [''])[-1].strip()}", flush=True)
@@ -135,7 +154,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Run each benchmark contender in its own process and merge the results.")
     p.add_argument("--contenders", default=",".join(CONTENDERS),
                    help=f"comma-separated, default all: {','.join(CONTENDERS)}")
-    p.add_argument("--suites", default=",".join(SUITES), help="comma-separated of: seed,atoms")
+    p.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated of: {','.join(SUITES)}")
+    p.add_argument("--noisy", action="store_true",
+                   help="noisy neighbour: a CPU-bound process pinned to one core while each contender runs")
     p.add_argument("-k", dest="keyword", default=None, help='pytest -k expression, e.g. "not T32768"')
     p.add_argument("--quick", action="store_true", help="--benchmark-disable: each case once, checked")
     p.add_argument("--out", type=Path, default=None, help="merged JSON (default bench/results/run-<time>.json)")
@@ -143,6 +164,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--coldstart", default="cpu",
                    help="comma-separated backends for the cold/warm first-run step; 'none' to skip")
     p.add_argument("--coldstart-tokens", type=int, default=256)
+    p.add_argument("--rss", action="store_true",
+                   help="also measure each contender's peak RSS on the block at (4, 512), fresh process each")
     p.add_argument("--shared-process", action="store_true",
                    help="run all contenders in ONE process (only to show the interference it causes)")
     p.add_argument("--rounds", type=int, default=1,
@@ -170,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.rounds > 1:
                 print(f"[bench] round {r + 1}/{args.rounds}: {', '.join(order)}", flush=True)
             by_name = {c: run_contender(c, files, Path(tmp), args.keyword, args.quick, args.pytest_args,
-                                        args.timeout) for c in order}
+                                        args.timeout, args.noisy) for c in order}
             rounds.append([by_name[c] for c in groups])
     colds: list[dict[str, Any]] = []
     for backend in [] if args.coldstart == "none" else args.coldstart.split(","):
@@ -178,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         colds.extend(coldstart.cold_and_warm(backend.strip(), args.coldstart_tokens))
     merged = merge(rounds[0], colds, [str(Path(__file__).relative_to(REPO)), *argv],
                    envinfo.collect(REPO))
+    merged["noisy"] = args.noisy
+    if args.rss:
+        from bench import blocks
+
+        print("[bench] peak RSS on the block at (4, 512)", flush=True)
+        merged["peak_rss"] = blocks.peak_rss([c for c in contenders if c != "reference"])
     if len(rounds) > 1:
         merged["benchmarks"] = median_round([benchmarks_of(rs) for rs in rounds])
         merged["rounds"] = len(rounds)
