@@ -1,11 +1,11 @@
-"""runtime.kernels.vmath: the vectorisable exp that CPU kernels use in place of libm's."""
+"""runtime.kernels.vmath: the vectorisable exp, erf and tanh that CPU kernels use in place of libm's."""
 import math
 
 import numpy as np
 from numba import njit
 
 from runtime.kernels import vmath
-from runtime.kernels.vmath import vexp
+from runtime.kernels.vmath import verf, vexp, vtanh
 
 
 @njit
@@ -38,9 +38,11 @@ def test_vexp_special_values_match_math_exp_and_subnormals_flush_to_zero():
     np.testing.assert_array_equal(got[5:], 0.0)
 
 
-def test_cpu_code_swaps_math_exp_only():
-    lines = vmath.cpu_code(["    _v0 = (x / (1.0 + math.exp(-x)))", "    _v1 = math.expm1(x) + math.tanh(x)"])
-    assert lines == ["    _v0 = (x / (1.0 + _vexp(-x)))", "    _v1 = math.expm1(x) + math.tanh(x)"]
+def test_cpu_code_swaps_exp_erf_and_tanh_only():
+    lines = vmath.cpu_code(["    _v0 = (x / (1.0 + math.exp(-x)))", "    _v1 = math.expm1(x) + math.tanh(x)",
+                            "    _v2 = math.erf(x) + math.erfc(x) + math.log1p(x)"])
+    assert lines == ["    _v0 = (x / (1.0 + _vexp(-x)))", "    _v1 = math.expm1(x) + _vtanh(x)",
+                     "    _v2 = _verf(x) + math.erfc(x) + math.log1p(x)"]
 
 
 def test_generated_cpu_kernels_use_vexp_for_silu():
@@ -75,3 +77,99 @@ def test_float32_special_values_and_flush_below_the_smallest_normal():
 
 def test_vexp_is_math_exp_in_plain_python():
     assert vexp(1.5) == math.exp(1.5)
+
+
+# --- erf and tanh over the whole float32 / float64 range -------------------------------------
+
+@njit
+def _erf_all(x, out):
+    for i in range(x.size):
+        out[i] = verf(x[i])
+
+
+@njit
+def _tanh_all(x, out):
+    for i in range(x.size):
+        out[i] = vtanh(x[i])
+
+
+def _apply(kernel, x):
+    out = np.empty_like(x)
+    kernel(x, out)
+    return out
+
+
+def _sweep64(per_binade: int = 300, seed: int = 0) -> np.ndarray:
+    """Every float64 binade (subnormals included) with random mantissas, both signs, and the
+    special values."""
+    rng = np.random.default_rng(seed)
+    exponents = np.repeat(np.arange(0, 2047, dtype=np.uint64), per_binade)
+    mantissas = rng.integers(0, 1 << 52, exponents.size, dtype=np.uint64)
+    x = ((exponents << np.uint64(52)) | mantissas).view(np.float64)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324, -5e-324, 2.2250738585072014e-308,
+               1.7976931348623157e308, -1.7976931348623157e308, 1.0, -1.0, 0.625, 2.0, 3.5, 6.0]
+    return np.concatenate([x, -x, np.linspace(-7, 7, 200_001), special])
+
+
+def _sweep32(stride: int = 4093) -> np.ndarray:
+    """Every stride-th float32 bit pattern (all binades, subnormals, both signs, inf, NaNs)."""
+    bits = np.arange(0, 1 << 32, stride, dtype=np.uint64).astype(np.uint32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4028235e38, 1.0, -1.0],
+                       np.float32)
+    return np.concatenate([bits.view(np.float32), special, np.linspace(-7, 7, 100_001, dtype=np.float32)])
+
+
+def _ulp_error(got: np.ndarray, want: np.ndarray) -> float:
+    """Max |got - want| in units of the float type's spacing at want; NaN must meet NaN and
+    infinities must be equal."""
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    inf = np.isinf(want)
+    assert np.array_equal(got[inf], want[inf])
+    ok = ~nan & ~inf
+    spacing = np.spacing(want[ok].astype(got.dtype)).astype(np.float64)
+    return float(np.max(np.abs(got[ok].astype(np.float64) - want[ok].astype(np.float64)) / np.abs(spacing)))
+
+
+ERF_ULP64, TANH_ULP64, ULP32 = 2.0, 2.0, 1.0  # the stated bounds (module docstring)
+
+
+def test_verf_float64_is_within_two_ulp_of_libm_over_every_binade():
+    x = _sweep64()
+    want = np.frompyfunc(math.erf, 1, 1)(x).astype(np.float64)
+    got = _apply(_erf_all, x)
+    assert _ulp_error(got, want) <= ERF_ULP64
+    assert np.signbit(got[x == 0]).tolist() == np.signbit(x[x == 0]).tolist()  # erf(-0) = -0
+
+
+def test_vtanh_float64_is_within_two_ulp_of_libm_over_every_binade():
+    x = _sweep64(seed=1)
+    want = np.tanh(x)
+    got = _apply(_tanh_all, x)
+    assert _ulp_error(got, want) <= TANH_ULP64
+    assert np.signbit(got[x == 0]).tolist() == np.signbit(x[x == 0]).tolist()
+
+
+def test_verf_and_vtanh_float32_are_within_one_ulp_over_sampled_bit_patterns():
+    x = _sweep32()
+    with np.errstate(invalid="ignore"):  # signalling NaN patterns
+        wide = x.astype(np.float64)
+    for kernel, ref in ((_erf_all, np.frompyfunc(math.erf, 1, 1)), (_tanh_all, np.tanh)):
+        got = _apply(kernel, x)
+        assert got.dtype == np.float32
+        assert _ulp_error(got, ref(wide).astype(np.float64)) <= ULP32, kernel
+
+
+def test_verf_and_vtanh_are_libm_in_plain_python():
+    assert verf(0.3) == math.erf(0.3) and vtanh(0.3) == math.tanh(0.3)
+
+
+def test_gelu_and_tanh_kernels_use_the_vector_versions():
+    from runtime.backends.cpu_codegen import render
+
+    src = render("t", [("x0", "float32", 1, False), ("out", "float32", 1, True)],
+                 ["    for i in range(out.shape[0]):",
+                  "        out[i] = 0.5 * x0[i] * (1.0 + math.erf(x0[i] * 0.7071067811865476)) + math.tanh(x0[i])"],
+                 False)
+    assert "_verf(x0[i] * 0.7071067811865476)" in src and "_vtanh(x0[i])" in src
+    assert "math.erf" not in src and "math.tanh" not in src
