@@ -45,6 +45,13 @@ PARALLEL_MIN_MACS = int(os.environ.get("FORMULA_CONTRACT_PARALLEL_MIN", 1 << 21)
 # packs the whole right operand again.
 TILES_PER_THREAD = 1
 SCAN_TILE_BYTES = 512 * 1024  # a left-operand tile scanned for finiteness: half of L2
+# Every BLAS call packs the whole right operand: over a right operand larger than cache, row
+# tiles as small as the scratch above re-pack it once per few rows (a wide MLP ran at half the
+# GFLOP/s of the other contractions), so there tiles get at least PACK_ROWS rows, their result
+# up to WIDE_SCRATCH_BYTES per worker (0 rows: off).
+PACK_ROWS = int(os.environ.get("FORMULA_CONTRACT_PACK_ROWS", 512))
+PACKED_RIGHT_BYTES = 1 << 20
+WIDE_SCRATCH_BYTES = 16 << 20
 GEMV_ROWS = 4  # tiles of at most this many rows call gemv per row (no packing of B)
 
 _NUMBA_FLOATS = {"float32": "float32", "float64": "float64"}
@@ -390,6 +397,7 @@ def cpu_anchor(request: KernelRequest, low: Lowering, whole: tuple[int, int, int
     scan_left = 0 in scanned
     if scan_left:  # a scanned tile of the left operand must still be in cache when BLAS reads it
         tm = max(8, min(tm, SCAN_TILE_BYTES // max(1, k * item)))
+    tm = max(tm, pack_rows(m, n, k, item))
     # (tiles of at most GEMV_ROWS rows always call gemv: no micro-kernel when all are)
     fnb, fm, fn, fk = whole or low.dims
     form = micro.choose_form(fnb, fm, fn, fk, dt) if fm > GEMV_ROWS else None
@@ -472,6 +480,14 @@ def cpu_anchor(request: KernelRequest, low: Lowering, whole: tuple[int, int, int
                               ((nb, m, k), (nb, k, n)), dt, epilogue, out_type, scan_left, scan_right,
                               ints, tables, nwork, packs, no_pack)
     return Kernel(run, Counts(inputs=scanned, extras=tuple(checked), outputs=values), compiled)
+
+
+def pack_rows(m: int, n: int, k: int, item: int) -> int:
+    """The fewest rows a BLAS row tile gets so that packing a large right operand ([k, n]) is
+    amortised over enough rows; 0 when it is small enough to stay cached between tiles."""
+    if k * n * item <= PACKED_RIGHT_BYTES:
+        return 0
+    return min(m, PACK_ROWS, max(8, WIDE_SCRATCH_BYTES // max(1, n * item)))
 
 
 def _compiled_call(kernel, guard, micro_guard, form, types, orders, shapes, dt, epilogue, out_type, scan_left, scan_right,

@@ -434,3 +434,36 @@ def test_micro_forms_chosen_for_the_seed_shapes():
     assert micro.choose_form(1, 16, 1024, 32) is None  # packing B would cost about what it saves
     assert micro.choose_form(1, 512, 512, 512) is None  # square: BLAS
     assert micro.usable("dot", 0, 1) and not micro.usable("dot", 1, 1) and micro.usable("bcast", 1, 0)
+
+
+def test_pack_rows_amortise_packing_a_large_right_operand():
+    item = 4
+    assert _gemm.pack_rows(4096, 4096, 1024, item) == _gemm.PACK_ROWS  # 16 MiB right operand
+    assert _gemm.pack_rows(100, 4096, 1024, item) == 100  # never more rows than there are
+    assert _gemm.pack_rows(4096, 256, 256, item) == 0  # 256 KiB: stays cached between tiles
+    # a tile's result stays within WIDE_SCRATCH_BYTES (but at least 8 rows)
+    assert _gemm.pack_rows(4096, 1 << 20, 8, item) == 8
+    assert _gemm.pack_rows(4096, 16384, 64, item) == _gemm.WIDE_SCRATCH_BYTES // (16384 * item)
+
+
+def test_cpu_wide_contraction_with_gelu_epilogue_uses_large_tiles_and_matches_reference():
+    """A right operand of 2 MiB: tiles of at least PACK_ROWS rows (not the 256 KiB scratch's
+    32), results as the reference with the exact gelu (vectorised erf) fused."""
+    m, n, k = 700, 2048, 256
+    node = bind([("k", "k")], "ij", T("ik", (m, k)), T("jk", (n, k)))
+    gelu = Epilogue((EpilogueStep(node, ScalarOp("(0.5 * {0} * (1.0 + math.erf({0} * 0.7071067811865476)))"),
+                                  (CHAIN,)),), (), ())
+    run = CONTRACT.anchors["cpu"](node, gelu)
+    ints = run.compiled.params[0].value
+    import numba
+
+    # one tile per worker (700 rows in two tiles on two threads), not 22 tiles of 32 rows
+    assert _gemm.PACK_ROWS >= 350 and ints[_gemm._I_TM] >= -(-m // max(2, numba.get_num_threads()))
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32) / 16
+    got = np.empty((m, n), np.float32)
+    run([a, b], [], got)
+    from scipy.special import erf
+
+    v = reference(node, a, b).astype(np.float64)
+    close(got, 0.5 * v * (1 + erf(v / np.sqrt(2))), k)
