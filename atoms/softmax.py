@@ -75,17 +75,20 @@ def _indexing(position: int, space_rank: int, mask_broadcast: Sequence[bool], wr
     return at, mat, f"lg.shape[{position}]"
 
 
-def _row_maximum(at, mat, n: str, check: bool = False) -> list[str]:
+def _row_maximum(at, mat, n: str, check: bool = False, span: bool = False) -> list[str]:
     """``mx``: the row's maximum over visible entries, ``found``: whether there is one; with
-    ``check``, ``bad`` set by a NaN or ±inf in any entry, masked ones too (SPEC §4)."""
+    ``check``, ``bad`` set by a NaN or ±inf in any entry, masked ones too (SPEC §4); with
+    ``span``, ``lo``/``hi``: the first visible entry and one past the last."""
     return [f"mx = lg[{at('0')}]",
             "found = False",
+            *(["lo = 0", "hi = 0"] if span else []),
             f"for k in range({n}):",
             f"    x = lg[{at('k')}]",
             *(["    bad |= (x - x) != 0"] if check else []),
             f"    if mk[{mat('k')}]:",
             "        if (not found) or x > mx:",
             "            mx = x",
+            *(["        if not found:", "            lo = k", "        hi = k + 1"] if span else []),
             "        found = True"]
 
 
@@ -111,32 +114,38 @@ def _body(position: int, space_rank: int, mask_broadcast: Sequence[bool], wrap) 
 
 
 def _cpu_body(position: int, space_rank: int, mask_broadcast: Sequence[bool], wrap, check: bool = False) -> list[str]:
-    """``_body`` shaped for the CPU's vector units: the exponentials of a whole row in one loop
-    with no branch and no sum (``exp`` of every entry, masked ones then replaced by 0: a
-    select), so it vectorises; then the sum in four interleaved float64 partial sums (a single
-    chain waits for each addition), then the division."""
+    """``_body`` shaped for the CPU's vector units, over the row's visible span only (entries
+    before the first visible one and after the last are written 0 with no ``exp``: a causal
+    mask hides half of them): the exponentials of the span in one loop with no branch and no
+    sum (``exp`` of every entry, masked ones then replaced by 0: a select), so it vectorises;
+    then the sum in four interleaved float64 partial sums (a single chain waits for each
+    addition), then the division."""
     at, mat, n = _indexing(position, space_rank, mask_broadcast, wrap)
-    return _row_maximum(at, mat, n, check) + [
+    return _row_maximum(at, mat, n, check, span=True) + [
         "if found:",
-        f"    for k in range({n}):",
+        "    for k in range(lo):",
+        f"        out[{at('k')}] = 0.0",
+        f"    for k in range(hi, {n}):",
+        f"        out[{at('k')}] = 0.0",
+        "    for k in range(lo, hi):",
         f"        e = math.exp(lg[{at('k')}] - mx)",
         f"        out[{at('k')}] = e if mk[{mat('k')}] else 0.0",
         "    s0 = 0.0",
         "    s1 = 0.0",
         "    s2 = 0.0",
         "    s3 = 0.0",
-        "    k = 0",
-        f"    while k + 4 <= {n}:",
+        "    k = lo",
+        "    while k + 4 <= hi:",
         f"        s0 += out[{at('k')}]",
         f"        s1 += out[{at('k + 1')}]",
         f"        s2 += out[{at('k + 2')}]",
         f"        s3 += out[{at('k + 3')}]",
         "        k += 4",
-        f"    while k < {n}:",
+        "    while k < hi:",
         f"        s0 += out[{at('k')}]",
         "        k += 1",
         "    s = (s0 + s1) + (s2 + s3)",
-        f"    for k in range({n}):",
+        "    for k in range(lo, hi):",
         f"        out[{at('k')}] = out[{at('k')}] / s",
         "else:",
         f"    for k in range({n}):",

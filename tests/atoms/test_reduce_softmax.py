@@ -107,6 +107,36 @@ def test_masked_softmax_values_and_fully_masked_rows():
         np.testing.assert_array_equal(out[1], [0, 0, 0])
 
 
+@pytest.mark.parametrize("axis", ["S", "T"])
+def test_masked_softmax_cpu_visible_spans_match_reference(axis):
+    """The cpu kernel computes only each row's visible span: causal and anti-causal masks,
+    holes inside the span, a lone visible entry at either end, fully hidden rows; hidden
+    entries (huge, -inf or NaN) outside and inside the span give 0. Along T, the row is a
+    strided column."""
+    n = 37
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((n, n)).astype(np.float32) * 4
+    causal = np.tril(np.ones((n, n), bool))
+    mask = np.concatenate([causal, causal[::-1], causal & (rng.random((n, n)) < 0.7)])
+    mask[0] = False
+    mask[1, :] = False
+    mask[1, -1] = True
+    mask[2, :] = False
+    mask[2, 0] = True
+    logits = np.concatenate([x, x, x])
+    logits[~mask & (rng.random(mask.shape) < 0.3)] = 1e30  # would dominate if it were visible
+    logits[3, -1], logits[4, -2] = -np.inf, np.nan
+    assert not mask[3, -1] and not mask[4, -2]
+    if axis == "T":
+        logits, mask = np.ascontiguousarray(logits.T), np.ascontiguousarray(mask.T)
+    types = [T("TS", logits.shape), T("TS", mask.shape, "boolean")]
+    attrs_ = {"axis": axis, "accumulation_dtype": "float32"}
+    want = run("masked-softmax", attrs_, types, [logits, mask])
+    got = run("masked-softmax", attrs_, types, [logits, mask], "cpu")
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(got[~mask], 0.0)
+
+
 def test_masked_softmax_is_stable_and_broadcasts_the_mask():
     x = np.array([[1000.0, 1000.0], [-1000.0, 0.0]], dtype=np.float32)  # naive exp overflows
     mask = np.array([True, True])  # only along D: broadcast over A
