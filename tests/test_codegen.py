@@ -161,3 +161,25 @@ def test_unsupported_dtype_is_backend_unavailable():
             make(KernelRequest(None, epilogue))
         assert info.value.code == "backend_unavailable"
         assert info.value.path == nodes[-1].path and "float16" in info.value.message
+
+
+def test_parallel_nest_calls_schedule_dynamically_and_restore_the_chunk_size(monkeypatch):
+    import numba
+
+    (epilogue, nodes), _ = seed_chain([64, 64])
+    xt = T("TD", [64, 64])
+    rng = np.random.default_rng(4)
+    extras = [rng.standard_normal((64, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32),
+              rng.standard_normal((64, 64)).astype(np.float32)]
+    serial = run_cpu(epilogue, xt, extras, np.float32)
+    seen = []
+    real = numba.set_parallel_chunksize
+
+    def record(n):
+        seen.append(n)
+        return real(n)
+    monkeypatch.setattr(numba, "set_parallel_chunksize", record)
+    monkeypatch.setattr(cpu_codegen, "PARALLEL_MIN_ELEMENTS", 1)
+    np.testing.assert_array_equal(run_cpu(epilogue, xt, extras, np.float32), serial)
+    # 64 rows in DYNAMIC_CHUNKS chunks during the call, the caller's setting (0) back after
+    assert seen == [64 // cpu_codegen.DYNAMIC_CHUNKS, 0] and numba.get_parallel_chunksize() == 0

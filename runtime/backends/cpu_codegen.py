@@ -29,6 +29,7 @@ from runtime.core.types import TensorType
 PARALLEL_MIN_ELEMENTS = int(os.environ.get("FORMULA_CPU_PARALLEL_MIN", 1 << 16))
 TASKS_PER_THREAD = 4
 MIN_BLOCK = 2048  # inner-axis elements per parallel task when the inner axis is split
+DYNAMIC_CHUNKS = int(os.environ.get("FORMULA_CPU_DYNAMIC_CHUNKS", 16))  # chunks per parallel call (0: static)
 
 NUMBA_TYPES = {"float32": "float32", "float64": "float64", "int64": "int64", "boolean": "boolean"}
 
@@ -137,7 +138,15 @@ class NestKernel:
         tasks = numba.get_num_threads() * TASKS_PER_THREAD
         rows = n // space[-1]
         nblk = 1 if rows >= tasks else max(1, min(-(-tasks // rows), space[-1] // MIN_BLOCK))
-        return self.parallel()(*arrays, nblk)
+        if not DYNAMIC_CHUNKS:
+            return self.parallel()(*arrays, nblk)
+        # dynamic scheduling: a thread slowed by a busy core takes fewer chunks instead of the
+        # whole region waiting for its static share (this thread's setting, restored after)
+        before = numba.set_parallel_chunksize(max(1, rows * nblk // DYNAMIC_CHUNKS))
+        try:
+            return self.parallel()(*arrays, nblk)
+        finally:
+            numba.set_parallel_chunksize(before)
 
 
 def contiguous(x: np.ndarray, slicer: tuple | None = None, shape: tuple | None = None) -> np.ndarray:
