@@ -169,3 +169,36 @@ def test_reproduce_command_works_in_a_clone():
                 "--report /tmp/r.md -k 'T256 and float32' --out=elsewhere.json")
     assert report.reproduce_command(recorded) == (
         "python bench/run.py --rounds 5 -k 'T256 and float32' --out bench/results/run.json")
+
+
+def test_report_blocks_peak_rss_and_noisy_neighbour_tables():
+    def one(c, quiet_s):
+        return {"contender": c, "command": c, "returncode": 0, "seconds": 1.0, "output_tail": "",
+                "benchmark_json": {"benchmarks": [_bench(c, "block-B1-S128", "blocks", quiet_s),
+                                                  _bench(c, "block-mlp-T64", "blocks", 2 * quiet_s)]},
+                "meta": {"skipped": [], "failed": [], "passed": ["a"], "environment": None}}
+    quiet = run.merge([one("cpu", 0.010), one("onnxruntime", 0.020)], [], ["bench/run.py"], {"env": {}})
+    quiet["peak_rss"] = [{"contender": "cpu", "case": "B4-S512", "peak_rss_mib": 300.5, "data_rss_mib": 70.0},
+                         {"contender": "onnxruntime", "case": "B4-S512", "error": "boom"}]
+    noisy = run.merge([one("cpu", 0.030), one("onnxruntime", 0.040)], [], ["bench/run.py", "--noisy"], {"env": {}})
+    text = report.render(quiet, noisy=noisy)
+    assert "| B1-S128 | 10.00 | 20.00 | 2.00× |" in text  # blocks first, by tokens
+    assert text.index("| B1-S128 |") < text.index("| mlp-T64 |")
+    assert "| formula cpu | 300.5 | 70.0 |" in text and "| ONNX Runtime | failed: boom | |" in text
+    assert "| B1-S128 | 3.00× (10.00 → 30.00 ms) | 2.00× (20.00 → 40.00 ms) |" in text
+    args = run.parse_args(["--noisy", "--rss", "--suites", "blocks"])
+    assert args.noisy and args.rss and run.SUITES["blocks"] == "bench/test_blocks.py"
+
+
+def test_noisy_neighbour_runs_on_one_core_and_stops():
+    proc = run.start_neighbour()
+    try:
+        import os
+        import time
+
+        time.sleep(0.5)
+        assert proc.poll() is None
+        assert os.sched_getaffinity(proc.pid) == {max(os.sched_getaffinity(0))}
+    finally:
+        proc.kill()
+        proc.wait()
