@@ -173,3 +173,21 @@ def test_gelu_and_tanh_kernels_use_the_vector_versions():
                  False)
     assert "_verf(x0[i] * 0.7071067811865476)" in src and "_vtanh(x0[i])" in src
     assert "math.erf" not in src and "math.tanh" not in src
+
+
+def test_verf_and_vtanh_loops_vectorise():
+    """Inlined into the caller (``overload(inline="always")``), so LLVM vectorises the loop:
+    a call per element would keep it scalar."""
+    import re
+
+    @njit(error_model="numpy")
+    def gelu(x, out):
+        for i in range(x.size):
+            out[i] = 0.5 * x[i] * (1.0 + verf(x[i] * 0.7071067811865476)) + vtanh(x[i])
+
+    x = np.linspace(-3, 3, 64)
+    out = np.empty_like(x)
+    gelu(x, out)
+    ir = gelu.inspect_llvm(gelu.signatures[0])
+    assert len(re.findall(r"<\d+ x double>", ir)) > 50
+    assert not re.search(r"call [^\n]*(@erf\(|@tanh\(|_erf64|_tanh64|_verf_typed|_vtanh_typed)", ir)

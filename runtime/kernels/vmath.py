@@ -40,7 +40,7 @@ from numba.extending import intrinsic, overload
 
 # Part of every generated source that uses it: a change here must change their text, so
 # Numba's disk cache (keyed by the generated file) never serves kernels built on the old code.
-VERSION = 3
+VERSION = 4
 IMPORT = (f"from runtime.kernels.vmath import vexp as _vexp, verf as _verf, vtanh as _vtanh"
           f"  # vmath v{VERSION}")
 # libm calls in generated CPU source -> their vectorisable versions here
