@@ -1,0 +1,72 @@
+"""One bench/blocks.py case on the cpu backend under several environment settings, each in
+fresh processes, alternating, medians of ``--reps`` calls per process; ``--noisy`` runs a
+CPU-bound process pinned to one core meanwhile (bench/run.py's neighbour).
+
+    python bench/tools/block_settings_ab.py B1-S128 --noisy
+    python bench/tools/block_settings_ab.py mlp-T4096-D1024-F4096 --set FORMULA_CONTRACT_PACK_ROWS=0,256,1024
+
+Default settings: as is; every parallel threshold raised so that every kernel runs serially;
+``NUMBA_NUM_THREADS=1``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from bench.run import start_neighbour  # noqa: E402
+
+CHILD = r"""
+import sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[3])
+from bench import blocks
+case = next(c for c in blocks.cases() if c.name == sys.argv[1])
+run = blocks.prepare("cpu", case, blocks.data(case))
+run(); run()
+times = []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter(); run(); times.append(time.perf_counter() - t)
+print(np.median(times))
+"""
+SERIAL = {"FORMULA_CPU_PARALLEL_MIN": str(1 << 40), "FORMULA_CONTRACT_PARALLEL_MIN": str(1 << 40)}
+DEFAULT = {"as is": {}, "serial": SERIAL, "one thread": {"NUMBA_NUM_THREADS": "1"}}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("case")
+    p.add_argument("--set", default=None, help="VAR=v1,v2,...: settings of one variable instead of the defaults")
+    p.add_argument("--reps", type=int, default=9)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--noisy", action="store_true")
+    args = p.parse_args()
+    settings = DEFAULT
+    if args.set:
+        var, values = args.set.split("=", 1)
+        settings = {f"{var}={v}": {var: v} for v in values.split(",")}
+    neighbour = start_neighbour() if args.noisy else None
+    medians: dict[str, list] = {k: [] for k in settings}
+    try:
+        for _ in range(args.rounds):
+            for name, env in settings.items():
+                proc = subprocess.run([sys.executable, "-c", CHILD, args.case, str(args.reps), str(REPO)],
+                                      env=dict(os.environ, **env), capture_output=True, text=True)
+                out = proc.stdout.strip().splitlines()
+                medians[name].append(round(float(out[-1]) * 1e3, 2) if proc.returncode == 0 and out
+                                     else proc.stderr.strip()[-200:])
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
+    print(json.dumps({"case": args.case, "noisy": args.noisy, "median ms per round": medians}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
