@@ -46,9 +46,9 @@ PARALLEL_MIN_MACS = int(os.environ.get("FORMULA_CONTRACT_PARALLEL_MIN", 1 << 21)
 TILES_PER_THREAD = 1
 SCAN_TILE_BYTES = 512 * 1024  # a left-operand tile scanned for finiteness: half of L2
 # Every BLAS call packs the whole right operand: over a right operand larger than cache, row
-# tiles as small as the scratch above re-pack it once per few rows (a wide MLP ran at half the
-# GFLOP/s of the other contractions), so there tiles get at least PACK_ROWS rows, their result
-# up to WIDE_SCRATCH_BYTES per worker (0 rows: off).
+# tiles as small as the scratch above would re-pack it every few rows, so there tiles get at
+# least PACK_ROWS rows, their result up to WIDE_SCRATCH_BYTES per worker (0 rows: off;
+# docs/performance.md, tuning log).
 PACK_ROWS = int(os.environ.get("FORMULA_CONTRACT_PACK_ROWS", 512))
 PACKED_RIGHT_BYTES = 1 << 20
 WIDE_SCRATCH_BYTES = 16 << 20
