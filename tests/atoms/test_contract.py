@@ -453,7 +453,7 @@ def test_cpu_wide_contraction_with_gelu_epilogue_uses_large_tiles_and_matches_re
     node = bind([("k", "k")], "ij", T("ik", (m, k)), T("jk", (n, k)))
     gelu = Epilogue((EpilogueStep(node, ScalarOp("(0.5 * {0} * (1.0 + math.erf({0} * 0.7071067811865476)))"),
                                   (CHAIN,)),), (), ())
-    run = CONTRACT.anchors["cpu"](node, gelu)
+    run = CONTRACT.kernels["cpu"](request_for(node, gelu))
     ints = run.compiled.params[0].value
     import numba
 
