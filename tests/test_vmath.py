@@ -191,3 +191,13 @@ def test_verf_and_vtanh_loops_vectorise():
     ir = gelu.inspect_llvm(gelu.signatures[0])
     assert len(re.findall(r"<\d+ x double>", ir)) > 50
     assert not re.search(r"call [^\n]*(@erf\(|@tanh\(|_erf64|_tanh64|_verf_typed|_vtanh_typed)", ir)
+
+
+def test_cpu_code_inlines_erf_and_tanh_only_up_to_max_inlined_calls_per_module():
+    few = [f"    v{i} = math.erf(x) + math.exp(x)" for i in range(vmath.MAX_INLINED - 1)] + ["    w = math.tanh(x)"]
+    assert "\n".join(vmath.cpu_code(few)).count("_verf(") == vmath.MAX_INLINED - 1
+    assert vmath.cpu_code(few)[-1] == "    w = _vtanh(x)"
+    many = few + ["    z = math.erf(x)"]
+    text = "\n".join(vmath.cpu_code(many))
+    assert "_verf(" not in text and "_vtanh(" not in text  # all stay libm: compile time
+    assert text.count("math.erf(") == vmath.MAX_INLINED and "math.exp(" not in text  # exp: always

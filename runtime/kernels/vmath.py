@@ -40,11 +40,15 @@ from numba.extending import intrinsic, overload
 
 # Part of every generated source that uses it: a change here must change their text, so
 # Numba's disk cache (keyed by the generated file) never serves kernels built on the old code.
-VERSION = 4
+VERSION = 5
 IMPORT = (f"from runtime.kernels.vmath import vexp as _vexp, verf as _verf, vtanh as _vtanh"
           f"  # vmath v{VERSION}")
 # libm calls in generated CPU source -> their vectorisable versions here
 SWAPS = {"math.exp(": "_vexp(", "math.erf(": "_verf(", "math.tanh(": "_vtanh("}
+# erf and tanh are inlined whole (tens of operations each, a noticeable compile cost per
+# copy): a generated module with more calls than this keeps all of them libm's, so a long
+# fused chain still compiles in seconds
+MAX_INLINED = 4
 
 
 def _bits_as(float_type, int_type, llvm_type):
@@ -353,12 +357,11 @@ def _tanh64(x):
 
 
 def cpu_code(lines: Iterable[str]) -> list[str]:
-    """Generated CPU source lines with ``math.exp``, ``math.erf`` and ``math.tanh`` calls
-    evaluated by :func:`vexp`, :func:`verf` and :func:`vtanh` (the module must also contain
-    :data:`IMPORT`)."""
-    out = []
-    for line in lines:
-        for libm, vec in SWAPS.items():
-            line = line.replace(libm, vec)
-        out.append(line)
-    return out
+    """Generated CPU source lines with ``math.exp`` calls evaluated by :func:`vexp`, and
+    ``math.erf`` and ``math.tanh`` by :func:`verf` and :func:`vtanh` when the lines hold at
+    most :data:`MAX_INLINED` of those (the module must also contain :data:`IMPORT`)."""
+    lines = [line.replace("math.exp(", SWAPS["math.exp("]) for line in lines]
+    if sum(line.count("math.erf(") + line.count("math.tanh(") for line in lines) > MAX_INLINED:
+        return lines
+    return [line.replace("math.erf(", SWAPS["math.erf("]).replace("math.tanh(", SWAPS["math.tanh("])
+            for line in lines]
