@@ -158,12 +158,17 @@ def _chain(n: int, modes=("relu", "tanh", "sigmoid", "silu"), size: int = 8) -> 
 def test_d7_loading_is_linear_in_the_instruction_count():
     small, large = json.dumps(_chain(2_000)), json.dumps(_chain(20_000))
     runtime.load_program(small)  # plugins loaded, caches warm
-    t0 = time.perf_counter()
-    runtime.load_program(small)
-    t_small = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    runtime.load_program(large)  # took over 120 s when validation was quadratic
-    t_large = time.perf_counter() - t0
+
+    def best(src: str, tries: int) -> float:  # best of a few: a busy neighbour only adds time
+        times = []
+        for _ in range(tries):
+            t0 = time.perf_counter()
+            runtime.load_program(src)
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    t_small = best(small, 3)
+    t_large = best(large, 2)  # took over 120 s when validation was quadratic
     assert t_large < 10
     assert t_large < 30 * max(t_small, 0.01)  # 10x the instructions: linear, with a wide margin
 
