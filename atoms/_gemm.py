@@ -161,15 +161,51 @@ def addressing(axes: Sequence[str], shape: Sequence[int], strides: Sequence[int]
     return Addressing(tuple(kinds), tuple(steps), tuple(tables))
 
 
+_GENERALITY = {"zero": 0, "unit": 1, "affine": 2, "table": 3}
+
+
+def stable_addressing(axes: Sequence[str], shape: Sequence[int], strides: Sequence[int],
+                      probe_shape: Sequence[int], probe_strides: Sequence[int], low: Lowering) -> Addressing:
+    """``addressing`` whose kinds do not depend on an axis having extent 1: the kinds are the
+    more general of the real ones and those at ``probe_shape`` (every extent 1 made 2), so a
+    symbolic axis bound to 1 (one token) uses the kernel of every other extent. Steps and
+    tables stay the real ones (a group of one element is only ever read at offset 0)."""
+    kinds, steps, tables = [], [], []
+    for group in (low.batch, low.m_axes, low.n_axes):
+        offs = group_offsets(axes, group, shape, strides)
+        real, step = classify(offs)
+        probe, _ = classify(group_offsets(axes, group, probe_shape, probe_strides))
+        kind = max(real, probe, key=_GENERALITY.get)
+        if kind == "unit" and offs.size > 1 and step != 1:  # (cannot happen: unit is the real kind)
+            kind = "affine"
+        kinds.append(kind)
+        steps.append(step if real in ("unit", "affine") else 0)
+        tables.append(offs if kind == "table" else None)
+    return Addressing(tuple(kinds), tuple(steps), tuple(tables))
+
+
+def out_addressing(out_type: TensorType, low: Lowering) -> Addressing:
+    shape = out_type.shape
+    probe = [2 if e == 1 else e for e in shape]
+    return stable_addressing(out_type.axes, shape, c_strides(shape), probe, c_strides(probe), low)
+
+
 def keepdims_addressing(t: TensorType, out_type: TensorType, low: Lowering) -> Addressing:
     """Addressing of an epilogue operand compacted to out's rank (extent 1 where broadcast)."""
-    return addressing(out_type.axes, out_type.shape, keepdims_strides(t, out_type), low)
+    probe = [2 if e == 1 else e for e in out_type.shape]
+    return stable_addressing(out_type.axes, out_type.shape, keepdims_strides(t, out_type),
+                             probe, keepdims_strides(t, out_type, probe=True), low)
 
 
-def keepdims_strides(t: TensorType, out_type: TensorType) -> list[int]:
-    """Element strides, per axis of out, of ``t`` in keepdims form (0 where broadcast)."""
+def keepdims_strides(t: TensorType, out_type: TensorType, probe: bool = False) -> list[int]:
+    """Element strides, per axis of out, of ``t`` in keepdims form (0 where broadcast).
+    ``probe``: for an out shape whose extents 1 are made 2, where ``t`` has that axis of
+    extent 1 too (present, not broadcast)."""
     present = dict(zip(t.axes, t.sizes))
-    shape = [present[a] if a in present and present[a] != 1 else 1 for a in out_type.axes]
+    shape = []
+    for a, oe in zip(out_type.axes, out_type.shape):
+        e = present.get(a, 1)
+        shape.append(2 if probe and a in present and e == 1 and oe == 1 else e)
     return [0 if e == 1 else s for e, s in zip(shape, c_strides(shape))]
 
 
@@ -216,9 +252,13 @@ def uindex_code(prefix: str, kind: str, var: str) -> str:
 
 # --- CPU: generated kernel ---------------------------------------------------------------
 
-# ints[] layout shared by the generated source and the runner (what is fixed per plan)
-_I_NB, _I_M, _I_N, _I_K, _I_TM = range(5)
-_I_ADDR = 5  # then (batch, M, N) strides of out, then of each extra
+# ints[] layout shared by the generated source and the runner (what is fixed per plan). The
+# tile form and the parallel split are run-time values, not code: they depend on extents, and
+# a new extent of a symbolic axis must not compile a new kernel.
+_I_NB, _I_M, _I_N, _I_K, _I_TM, _I_FORM, _I_PAR = range(7)
+_I_ADDR = 7  # then (batch, M, N) strides of out, then of each extra
+# ints[_I_FORM]: the micro-kernel tiles used when ``micro`` is set (none: BLAS only)
+FORM_IDS = {None: 0, "dot": 1, "bcast": 2, "bcast packed left": 3}
 
 
 # The kernel's leading parameters; then one flat array per epilogue operand, the offset
@@ -229,14 +269,18 @@ KERNEL_HEAD = ["ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "scan_a", "b
 
 
 def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[Addressing],
-                epilogue: Epilogue, parallel: bool, form: str | None = None, pack_left: bool = False,
-                scanned: Sequence[int] = (), checked: Sequence[int] = (), values: bool = False) -> str:
+                epilogue: Epilogue, scanned: Sequence[int] = (), checked: Sequence[int] = (),
+                values: bool = False) -> str:
     """``scan_a``: ``a`` is the left operand in C order, scanned for non-finite values tile by
     tile just before BLAS reads the tile (then from cache); ``scan_b``: ``b`` holds the whole
     right operand, scanned once (both only for operands in ``scanned``). ``checked``: the
     extras whose non-finite values the epilogue counts; ``values``: it counts those of the
-    contraction's and each step's values too (the output check). ``form``: the micro-kernel
-    (``atoms._microgemm``) tiles use when ``micro`` is set, on the flat operands (BLAS otherwise)."""
+    contraction's and each step's values too (the output check). The source depends on
+    dtypes, layouts and the epilogue only: the micro-kernel form (``atoms._microgemm``;
+    ``ints[_I_FORM]``) and whether the tiles run in parallel (``ints[_I_PAR]``) are chosen per
+    call, so one compiled kernel serves every extent. The tiles of a worker are ``work``,
+    called in ``prange`` or in a plain loop (no parallel region for a call too small to pay
+    for one)."""
     item = 4 if dt == "float32" else 8
     blas = "_sgemm" if dt == "float32" else "_dgemm"
     gemv = "_sgemv" if dt == "float32" else "_dgemv"
@@ -248,100 +292,127 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     scan_right = 1 in scanned
     xs = [f"x{j}" for j in range(len(extra_addr))]
     params = ", ".join(KERNEL_HEAD + xs + tables + ["nwork"])
+    counting = bool(checked) or scan_left or scan_right or values  # count non-finite values met
+    # work(): one worker's tiles; its parameters are the kernel's and what the kernel derives
+    wparams = ", ".join(["w", "ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "scan_a", "b", "out",
+                         "micro", "m_bp"] + xs + tables + ["nwork"])
     L = [f'"""Generated by atoms._gemm: contract anchor {label}."""',
          "import math", "import numpy as np",
          "from numba import njit, prange",
          "from atoms._blas import ext_sgemm as _sgemm, ext_dgemm as _dgemm, ext_sgemv as _sgemv, ext_dgemv as _dgemv",
          vmath.IMPORT,
-         *([micro.tile_function(form, dt, pack_left)] if form else []),
+         micro.tile_function("dot", dt, import_as="_tile_dot"),
+         micro.tile_function("bcast", dt, import_as="_tile_bcast"),
+         micro.tile_function("bcast", dt, True, import_as="_tile_bcastp"),
+         micro.pack_function(dt, import_as="_pack_right"),
          *([simd.scan_import(dt)] if scan_left or scan_right else []),
-         "",
-         *(micro.pack_source(dt, parallel) if form == "bcast" else []),
-         f"@njit(cache=True, parallel={parallel}, nogil=True, error_model='numpy')",
-         f"def kernel({params}):",
+         "", "",
+         "@njit(cache=True, nogil=True, error_model='numpy')",
+         f"def work({wparams}):",
          f"    nb = ints[{_I_NB}]", f"    m = ints[{_I_M}]", f"    n = ints[{_I_N}]",
-         f"    k = ints[{_I_K}]", f"    tm = ints[{_I_TM}]",
+         f"    k = ints[{_I_K}]", f"    tm = ints[{_I_TM}]", f"    form = ints[{_I_FORM}]",
          "    pa = np.int64(a.ctypes.data)", "    pb = np.int64(b.ctypes.data)",
-         *(["    am = a", "    bm = b"] if form else [])]
+         "    am = a", "    bm = b",
+         f"    m_npad = (n + {micro.BCAST_NV * simd.lanes(dt) - 1}) // {micro.BCAST_NV * simd.lanes(dt)} * {micro.BCAST_NV * simd.lanes(dt)}"]
     for a, (nm, ad) in enumerate(zip(names, addrs)):
         for g, kind in enumerate(ad.kinds):
             if kind == "affine":
                 L.append(f"    s_{nm}{'bmn'[g]} = ints[{_I_ADDR + 3 * a + g}]")
-    counting = bool(checked) or scan_left or scan_right or values  # count non-finite values met
-    if counting:
-        L += ["    nfb = 0", "    counts = np.zeros(nwork, np.int64)"]
-    if scan_right:  # the right operand (a bank, typically small) flat, once, before the tiles
-        L += ["    if scan_b:", "        nfb = _nonfinite(b, 0, b.size)"]
-    if form == "bcast":
-        L += micro.bcast_pack(dt, "    ")
     L += ["    ntm = (m + tm - 1) // tm",
           "    ntiles = nb * ntm",
-          f"    for w in {'prange' if parallel else 'range'}(nwork):",
-          *(["        nf = 0"] if counting else []),
-          f"        scratch = np.empty(tm * n, np.{dt})",
-          *([f"        apk = np.empty({micro.BCAST_MR} * k, np.{dt})"] if form == "bcast" and pack_left else []),
-          "        prm = np.empty(8, np.int32)",
-          "        prm[0] = n", "        prm[2] = k", "        prm[3] = ldb",
-          "        prm[4] = lda", "        prm[5] = n",
-          "        prm[6] = lda if ta else 1", "        prm[7] = 1",  # gemv incx, incy
-          "        ch = np.empty(2, np.uint8)",
-          "        ch[0] = 84 if tb else 78",  # 'T' / 'N'
-          "        ch[1] = 84 if ta else 78",
-          f"        sc = np.empty(2, np.{dt})", "        sc[0] = 1.0", "        sc[1] = 0.0",
-          "        pch = np.int64(ch.ctypes.data)", "        pprm = np.int64(prm.ctypes.data)",
-          "        psc = np.int64(sc.ctypes.data)", "        pscr = np.int64(scratch.ctypes.data)",
-          "        t0 = w * ntiles // nwork", "        t1 = (w + 1) * ntiles // nwork",
-          "        for t in range(t0, t1):",
-          "            bi = t // ntm",
-          "            i0 = (t - bi * ntm) * tm",
-          "            rows = min(tm, m - i0)",
-          "            prm[1] = rows"]
+          *(["    nf = 0"] if counting else []),
+          f"    scratch = np.empty(tm * n, np.{dt})",
+          f"    apk = np.empty({micro.BCAST_MR} * k if form == 3 else 0, np.{dt})",
+          "    prm = np.empty(8, np.int32)",
+          "    prm[0] = n", "    prm[2] = k", "    prm[3] = ldb",
+          "    prm[4] = lda", "    prm[5] = n",
+          "    prm[6] = lda if ta else 1", "    prm[7] = 1",  # gemv incx, incy
+          "    ch = np.empty(2, np.uint8)",
+          "    ch[0] = 84 if tb else 78",  # 'T' / 'N'
+          "    ch[1] = 84 if ta else 78",
+          f"    sc = np.empty(2, np.{dt})", "    sc[0] = 1.0", "    sc[1] = 0.0",
+          "    pch = np.int64(ch.ctypes.data)", "    pprm = np.int64(prm.ctypes.data)",
+          "    psc = np.int64(sc.ctypes.data)", "    pscr = np.int64(scratch.ctypes.data)",
+          "    t0 = w * ntiles // nwork", "    t1 = (w + 1) * ntiles // nwork",
+          "    for t in range(t0, t1):",
+          "        bi = t // ntm",
+          "        i0 = (t - bi * ntm) * tm",
+          "        rows = min(tm, m - i0)",
+          "        prm[1] = rows"]
     if scan_left:  # before the tile, or after it: see _scan_after
-        L += ["            q0 = (bi * m + i0) * k",
-              f"            after = scan_a and {'micro != 0' if form else 'False'} and rows > {GEMV_ROWS} and 0 < n < k",
-              "            if scan_a and not after:",
-              "                nf += _nonfinite(a, q0, q0 + rows * k)"]
-    L += ["            arow = i0 if ta else i0 * lda",
-              # gemm would pack all of B for a few rows; a micro-kernel computes a row as in any tile
-              "            if rows <= %d%s:" % (GEMV_ROWS, " and not micro" if form else ""),
-              "                for i in range(rows):",
-              "                    arow = (i0 + i) if ta else (i0 + i) * lda",
-              f"                    {gemv}(pch, pprm + (8 if tb else 0), pprm + (0 if tb else 8), psc,",
-              f"                           pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item},",
-              f"                           pprm + 24, psc + {item}, pscr + i * n * {item}, pprm + 28)"]
-    if form:
-        args = micro.TILE_PARAMS[form].replace("apk", "apk" if pack_left else "m_bp")
-        L += ["            elif micro:", f"                _tile({args})"]
-    L += ["            else:",
-              f"                {blas}(pch, pch + 1, pprm, pprm + 4, pprm + 8, psc,",
-              f"                       pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item}, pprm + 16,",
-              f"                       psc + {item}, pscr, pprm + 20)"]
+        L += ["        q0 = (bi * m + i0) * k",
+              f"        after = scan_a and micro != 0 and rows > {GEMV_ROWS} and 0 < n < k",
+              "        if scan_a and not after:",
+              "            nf += _nonfinite(a, q0, q0 + rows * k)"]
+    L += ["        arow = i0 if ta else i0 * lda",
+          # gemm would pack all of B for a few rows; a micro-kernel computes a row as in any tile
+          "        if rows <= %d and not micro:" % GEMV_ROWS,
+          "            for i in range(rows):",
+          "                arow = (i0 + i) if ta else (i0 + i) * lda",
+          f"                {gemv}(pch, pprm + (8 if tb else 0), pprm + (0 if tb else 8), psc,",
+          f"                       pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item},",
+          f"                       pprm + 24, psc + {item}, pscr + i * n * {item}, pprm + 28)",
+          "        elif micro and form == 1:",
+          f"            _tile_dot({micro.TILE_PARAMS['dot']})",
+          "        elif micro and form == 2:",
+          f"            _tile_bcast({micro.TILE_PARAMS['bcast'].replace('apk', 'm_bp')})",
+          "        elif micro and form == 3:",
+          f"            _tile_bcastp({micro.TILE_PARAMS['bcast']})",
+          "        else:",
+          f"            {blas}(pch, pch + 1, pprm, pprm + 4, pprm + 8, psc,",
+          f"                   pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item}, pprm + 16,",
+          f"                   psc + {item}, pscr, pprm + 20)"]
     if scan_left:
-        L += _scan_after()
-    L.append("            ob = " + index_code("ob", addrs[0].kinds[0], "bi"))
+        L += [line[4:] for line in _scan_after()]
+    L.append("        ob = " + index_code("ob", addrs[0].kinds[0], "bi"))
     for j, ad in enumerate(extra_addr):
-        L.append(f"            x{j}b = " + index_code(f"x{j}b", ad.kinds[0], "bi"))
-    L += ["            for i in range(rows):",
-          "                ii = i0 + i",
-          "                orow = ob + " + index_code("om", addrs[0].kinds[1], "ii"),
-          "                srow = i * n"]
+        L.append(f"        x{j}b = " + index_code(f"x{j}b", ad.kinds[0], "bi"))
+    L += ["        for i in range(rows):",
+          "            ii = i0 + i",
+          "            orow = ob + " + index_code("om", addrs[0].kinds[1], "ii"),
+          "            srow = i * n"]
     for j, ad in enumerate(extra_addr):
-        L.append(f"                x{j}r = np.uint64(x{j}b + " + index_code(f"x{j}m", ad.kinds[1], "ii") + ")")
+        L.append(f"            x{j}r = np.uint64(x{j}b + " + index_code(f"x{j}m", ad.kinds[1], "ii") + ")")
     # unsigned column index (and offsets): lets LLVM vectorise the epilogue's row loop
-    L += ["                orow = np.uint64(orow)", "                srow = np.uint64(srow)",
-          *(["                bad = False"] if counting else []),
-          "                for j in range(np.uint64(n)):"]
+    L += ["            orow = np.uint64(orow)", "            srow = np.uint64(srow)",
+          *(["            bad = False"] if counting else []),
+          "            for j in range(np.uint64(n)):"]
     reads = [f"x{j}[x{j}r + {uindex_code(f'x{j}n', ad.kinds[2], 'j')}]" for j, ad in enumerate(extra_addr)]
-    L.append("                    acc = scratch[srow + j]")
-    lines, result = epilogue.emit("acc", reads, indent="                    ",
+    L.append("                acc = scratch[srow + j]")
+    lines, result = epilogue.emit("acc", reads, indent="                ",
                                   nonfinite="bad" if counting else None, checked=checked, values=values)
     L += vmath.cpu_code(lines)
-    L.append(f"                    out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}] = {result}")
+    L.append(f"                out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}] = {result}")
     if values:  # the stored value too: rounding to the output dtype can overflow
         store = f"out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}]"
-        L.append(f"                    bad |= ({store} - {store}) != 0")
+        L.append(f"                bad |= ({store} - {store}) != 0")
     if counting:  # (a row's flag, then counted: an int64 count per element halves the vectors)
-        L += ["                nf += bad", "        counts[w] = nf", "    return counts.sum() + nfb"]
+        L += ["            nf += bad", "    return nf"]
+    else:
+        L += ["    return 0"]
+    wargs = wparams.replace("m_bp", "bp")
+    L += ["", "",
+          # parallel=True compiles prange into a parallel region; the plain loop stays serial
+          "@njit(cache=True, parallel=True, nogil=True, error_model='numpy')",
+          f"def kernel({params}):",
+          f"    nb = ints[{_I_NB}]", f"    n = ints[{_I_N}]", f"    k = ints[{_I_K}]",
+          f"    form = ints[{_I_FORM}]",
+          "    nfb = 0"]
+    if scan_right:  # the right operand (a bank, typically small) flat, once, before the tiles
+        L += ["    if scan_b:", "        nfb = _nonfinite(b, 0, b.size)"]
+    L += ["    if micro == 1 and form >= 2:",  # bcast: the right operand packed in panels first
+          "        bp = _pack_right(b, nb, k, n, sbb, ldb, tb, ints[%d])" % _I_PAR,
+          "    else:",
+          "        bp = bpk",
+          "    counts = np.empty(nwork, np.int64)",
+          f"    if ints[{_I_PAR}]:",
+          "        for w in prange(nwork):",
+          f"            counts[w] = work({wargs})",
+          "    else:",
+          "        for w in range(nwork):",
+          f"            counts[w] = work({wargs})",
+          *(["    total = nfb", "    for w in range(nwork):", "        total += counts[w]", "    return total"]
+            if counting else [])]
     return "\n".join(L) + "\n"
 
 
@@ -390,7 +461,7 @@ def cpu_anchor(request: KernelRequest, low: Lowering, whole: tuple[int, int, int
     out_type = node.output_type
     nb, m, n, k = low.dims
     out_shape = out_type.shape
-    out_addr = addressing(out_type.axes, out_shape, c_strides(out_shape), low)
+    out_addr = out_addressing(out_type, low)
     extra_addr = [keepdims_addressing(t, out_type, low) for t in epilogue.extra_types]
     item = np.dtype(dt).itemsize
     tm = max(8, min(m, SCRATCH_BYTES // max(1, n * item)))
@@ -418,8 +489,10 @@ def cpu_anchor(request: KernelRequest, low: Lowering, whole: tuple[int, int, int
             ntiles = -(-m // tm)
     else:
         nwork = 1
+    pack_left = form == "bcast" and n >= micro.PACK_LEFT_MIN_PANELS * micro.BCAST_NV * simd.lanes(dt)
     ints = np.zeros(_I_ADDR + 3 * (1 + len(extra_addr)), np.int64)
-    ints[[_I_NB, _I_M, _I_N, _I_K, _I_TM]] = nb, m, n, k, tm
+    ints[[_I_NB, _I_M, _I_N, _I_K, _I_TM, _I_FORM, _I_PAR]] = (
+        nb, m, n, k, tm, FORM_IDS["bcast packed left" if pack_left else form], int(parallel))
     tables = []
     for a, ad in enumerate([out_addr] + extra_addr):
         ints[_I_ADDR + 3 * a:_I_ADDR + 3 * a + 3] = ad.strides
@@ -428,9 +501,8 @@ def cpu_anchor(request: KernelRequest, low: Lowering, whole: tuple[int, int, int
         f" x{j}={''.join(k[0] for k in ad.kinds)}" for j, ad in enumerate(extra_addr))
     register_blas()
     configure_numba_cache()
-    pack_left = form == "bcast" and n >= micro.PACK_LEFT_MIN_PANELS * micro.BCAST_NV * simd.lanes(dt)
-    module = load_generated(_cpu_source(label, dt, out_addr, extra_addr, epilogue, parallel, form, pack_left,
-                                        scanned, checked, values), "contract_cpu")
+    module = load_generated(_cpu_source(label, dt, out_addr, extra_addr, epilogue, scanned, checked, values),
+                            "contract_cpu")
     kernel = module.kernel
     flatteners = [keepdims_flattener(t, out_type) for t in epilogue.extra_types]
     scan_right = 1 in scanned
@@ -443,7 +515,7 @@ def cpu_anchor(request: KernelRequest, low: Lowering, whole: tuple[int, int, int
     if form == "bcast" and 1 in request.resident:  # resident: pack once per value
         got = c_contiguous_layout(rt.shape, batched_view(low.right_order, (nb, k, n), copy=False), dt)
         if got is not None and got[2]:
-            packs = micro.ResidentPacks(module.pack_right, nb, k, n, got[0])
+            packs = micro.ResidentPacks(micro.pack_module(dt).pack_right, nb, k, n, got[0], int(parallel))
     no_pack = np.empty(0, dt)
 
     def run(inputs: Sequence[np.ndarray], extras: Sequence[np.ndarray], out: np.ndarray):

@@ -140,54 +140,63 @@ def dot_tile(dt: str, pad: str) -> list[str]:
     return _own(_indent(L, pad))
 
 
-def pack_source(dt: str, parallel: bool) -> list[str]:
-    """The generated module's ``pack_right(bm, nb, k, n, sbb, ldb, tb)``: every right-operand
+def pack_source(dt: str) -> list[str]:
+    """The module's ``pack_right(bm, nb, k, n, sbb, ldb, tb, par)``: every right-operand
     batch ``q`` packed in panels of ``NR`` columns, ``bp[q][j0 // NR][k, j - j0]`` (the last
     panel zero-padded), so that a ``bcast`` block walks its panel's ``k * NR`` elements in
     order: a row-major ``[K, N]`` copy would make every step of K a jump of a whole row
-    (4 KiB for the seed), which starved the FMAs. Panels are packed in parallel (for
-    a parallel kernel); a module-level function, so that a resident operand can be packed
-    once, outside the kernel (``micro == 2``)."""
+    (4 KiB for the seed), which starved the FMAs. Panels are packed in parallel when ``par``
+    is set (a run-time choice: one compiled function serves every extent); one module per
+    dtype (:func:`pack_function`), so that a resident operand can be packed once, outside the
+    kernel (``micro == 2``)."""
     nr = BCAST_NV * simd.lanes(dt)
-    return [f"@njit(cache=True, nogil=True, parallel={parallel}, error_model='numpy')",
-            "def pack_right(bm, nb, k, n, sbb, ldb, tb):",
+    body = ["pt = np.int64(t)",  # (prange may type it unsigned)
+            "q = pt // npan",
+            f"j0 = (pt - q * npan) * {nr}",
+            "qb = np.uint64(q * sbb)",
+            f"pw = np.uint64(min(n, j0 + {nr}) - j0)",
+            "pu = np.uint64(j0)",
+            f"pp = np.uint64(q * k * npan * {nr} + j0 * k)",
+            "if tb:",  # rows of B run along K: 16x16 blocks, each source row read in order
+            "    for kk0 in range(0, k, 16):",  # (16 rows at once, ldb apart, thrash L1's sets)
+            "        kw = np.uint64(min(k, kk0 + 16) - kk0)",
+            "        for j in range(pw):",
+            "            src = qb + (pu + j) * pld + np.uint64(kk0)",
+            f"            dst = pp + np.uint64(kk0 * {nr}) + j",
+            "            for kk in range(kw):",
+            f"                bp[dst + kk * np.uint64({nr})] = bm[src + kk]",
+            "else:",
+            "    for kk in range(np.uint64(k)):",
+            "        for j in range(pw):",
+            f"            bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk * pld + pu + j]"]
+    return ["@njit(cache=True, nogil=True, parallel=True, error_model='numpy')",
+            "def pack_right(bm, nb, k, n, sbb, ldb, tb, par):",
             "    nbb = nb if sbb != 0 else 1",
             f"    npan = (n + {nr - 1}) // {nr}",
-            f"    bp = np.zeros(nbb * k * npan * {nr}, np.{dt})",
+            f"    bp = np.empty(nbb * k * npan * {nr}, np.{dt})",
+            "    for i in range(bp.size):",  # (np.zeros would be a parallel loop even when par is 0)
+            "        bp[i] = 0",
             "    pld = np.uint64(ldb)",  # unsigned indices: the copies vectorise
-            f"    for t in {'prange' if parallel else 'range'}(nbb * npan):",
-            "        pt = np.int64(t)",  # (prange may type it unsigned)
-            "        q = pt // npan",
-            f"        j0 = (pt - q * npan) * {nr}",
-            "        qb = np.uint64(q * sbb)",
-            f"        pw = np.uint64(min(n, j0 + {nr}) - j0)",
-            "        pu = np.uint64(j0)",
-            f"        pp = np.uint64(q * k * npan * {nr} + j0 * k)",
-            "        if tb:",  # rows of B run along K: 16x16 blocks, each source row read in order
-            "            for kk0 in range(0, k, 16):",  # (16 rows at once, ldb apart, thrash L1's sets)
-            "                kw = np.uint64(min(k, kk0 + 16) - kk0)",
-            "                for j in range(pw):",
-            "                    src = qb + (pu + j) * pld + np.uint64(kk0)",
-            f"                    dst = pp + np.uint64(kk0 * {nr}) + j",
-            "                    for kk in range(kw):",
-            f"                        bp[dst + kk * np.uint64({nr})] = bm[src + kk]",
-            "        else:",
-            "            for kk in range(np.uint64(k)):",
-            "                for j in range(pw):",
-            f"                    bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk * pld + pu + j]",
+            "    if par:",
+            "        for t in prange(nbb * npan):", *_indent(body, "            "),
+            "    else:",
+            "        for t in range(nbb * npan):", *_indent(body, "            "),
             "    return bp", "", ""]
 
 
-def bcast_pack(dt: str, pad: str) -> list[str]:
-    """Before the tiles: the packed right operand, ``bpk`` when the runner packed it already
-    (``micro == 2``: a resident operand, packed once), else packed here (``micro == 1``)."""
-    nr = BCAST_NV * simd.lanes(dt)
-    L = [f"npad = (n + {nr - 1}) // {nr} * {nr}",
-         "if micro == 1:",
-         "    bp = pack_right(bm, nb, k, n, sbb, ldb, tb)",
-         "else:",
-         "    bp = bpk"]
-    return _own(_indent(L, pad))
+def pack_function(dt: str, import_as: str = "pack_right") -> str:
+    """The import line of the shared ``pack_right`` of ``dt`` (:func:`pack_source`)."""
+    return f"from {pack_module(dt).__name__} import pack_right as {import_as}"
+
+
+def pack_module(dt: str):
+    """The generated module holding ``pack_right`` for ``dt`` (compiled once, cached)."""
+    from runtime.kernels.codegen import configure_numba_cache, load_generated
+
+    source = "\n".join([f'"""Generated by atoms._microgemm: the bcast right-operand packing, {dt}."""',
+                        "import numpy as np", "from numba import njit, prange", "", "", *pack_source(dt)])
+    configure_numba_cache()
+    return load_generated(source, "bcast_pack")
 
 
 def _bcast_rows(mr: int, lanes: int, dt: str, pack_left: bool = False) -> list[str]:
@@ -238,7 +247,7 @@ TILE_PARAMS = {"bcast": "am, m_bp, scratch, apk, bi, sab, sbb, ta, lda, m_npad, 
                "dot": "am, bm, scratch, bi, sab, sbb, lda, ldb, i0, rows, n, k"}
 
 
-def tile_function(form: str, dt: str, pack_left: bool = False) -> str:
+def tile_function(form: str, dt: str, pack_left: bool = False, import_as: str = "_tile") -> str:
     """The import line of ``form``'s tile as a function of its own, ``_tile(<TILE_PARAMS>)``
     (``apk``: any array of the dtype when unused). One module per form, dtype and packing,
     shared by every contract kernel that uses it, so each is compiled once and cached: inlined
@@ -253,7 +262,7 @@ def tile_function(form: str, dt: str, pack_left: bool = False) -> str:
                         f"def tile({TILE_PARAMS[form]}):", *body, ""])
     configure_numba_cache()
     module = load_generated(source, f"{form}_tile")
-    return f"from {module.__name__} import tile as _tile"
+    return f"from {module.__name__} import tile as {import_as}"
 
 
 class ResidentPacks:
@@ -262,9 +271,9 @@ class ResidentPacks:
     ``packs(value)``. Entries go when their value does. ``pack_right``: the generated
     module's (:func:`pack_source`); ``layout``: the operand's (trans, ld, batch stride)."""
 
-    def __init__(self, pack_right, nb: int, k: int, n: int, layout: tuple[int, int, int]):
+    def __init__(self, pack_right, nb: int, k: int, n: int, layout: tuple[int, int, int], par: int = 1):
         tb, ldb, sbb = layout
-        self._pack = lambda value: pack_right(value.reshape(-1), nb, k, n, sbb, ldb, tb)
+        self._pack = lambda value: pack_right(value.reshape(-1), nb, k, n, sbb, ldb, tb, par)
         self._packed: dict[int, tuple[weakref.ref, np.ndarray]] = {}
         self._lock = threading.Lock()
 

@@ -164,8 +164,9 @@ def _layout(node: Node):
 
 
 def _broadcast(mt: TensorType, lt: TensorType):
+    """As ``cpu_codegen.broadcast_axes``: an axis of extent 1 in both is not broadcast."""
     present = dict(zip(mt.axes, mt.sizes))
-    return tuple(a not in present or present[a] == 1 for a in lt.axes)
+    return tuple(a not in present or (present[a] == 1 and e != 1) for a, e in zip(lt.axes, lt.shape))
 
 
 def _keepdims(mask: np.ndarray, mt: TensorType, lt: TensorType) -> np.ndarray:
@@ -206,7 +207,7 @@ def _cpu(request: KernelRequest) -> Kernel:
         if lead:
             lg, m, out = lg.reshape(shape), m.reshape((1,) + m.shape), out.reshape(shape)
         return kernel([lg, m, out], space_shape, work)
-    return plain_kernel(run, Counts(inputs=(0,) if check else ()))
+    return plain_kernel(run, Counts(inputs=(0,) if check else ()), warm=kernel.warm)
 
 
 def _cuda(node: Node):

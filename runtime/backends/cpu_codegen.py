@@ -44,10 +44,12 @@ def numba_type(dtype: str, path: str, what: str, backend: str = "cpu") -> str:
 
 
 def broadcast_axes(operand: TensorType, target: TensorType) -> tuple[bool, ...]:
-    """Per axis of ``target``: whether ``operand`` is broadcast along it (absent or extent 1),
-    so a kernel indexes it at 0 instead of with the loop index."""
+    """Per axis of ``target``: whether ``operand`` is broadcast along it (absent, or extent 1
+    where the target's is larger), so a kernel indexes it at 0 instead of with the loop index.
+    An axis of extent 1 in both is indexed like any other (its index is 0 anyway): a symbolic
+    axis bound to 1 then uses the kernel of every other extent."""
     present = dict(zip(operand.axes, operand.sizes))
-    return tuple(a not in present or present[a] == 1 for a in target.axes)
+    return tuple(a not in present or (present[a] == 1 and e != 1) for a, e in zip(target.axes, target.shape))
 
 
 def index_expr(names: Sequence[str], broadcast: Sequence[bool]) -> str:
@@ -112,7 +114,11 @@ def render(name: str, args: Sequence[tuple[str, str, int, bool]], lines: Sequenc
 
 
 class NestKernel:
-    """A serial kernel plus a lazily built parallel twin, picked per call by size."""
+    """A serial kernel plus a lazily built parallel twin, picked per call by size.
+
+    Which twin a call takes depends on its extents; :meth:`warm` builds both, so that a plan
+    warmed once runs any later extent of its symbolic axes without compiling (the executor
+    warms a plan's kernels in the background, see ``runtime.execution.tiers``)."""
 
     def __init__(self, prefix: str, make_source):
         self._make_source = make_source
@@ -125,6 +131,10 @@ class NestKernel:
         if self._parallel is None:
             self._parallel = load_generated(self._make_source(True), self._prefix + "_par").kernel
         return self._parallel
+
+    def warm(self) -> None:
+        """Build (compile, or load from the disk cache) every variant a call may take."""
+        self.parallel()
 
     def __call__(self, arrays: Sequence[np.ndarray], space: Sequence[int], work: int | None = None):
         """Run over the index ``space`` (the loop nest's extents); ``work``: elements read,
@@ -212,8 +222,9 @@ def elementwise_kernel(request: KernelRequest) -> Kernel:
     # (the stored value too: rounding to the output dtype can overflow)
     body = lines + [f"{store} = {result}"] + ([f"{flag} |= ({store} - {store}) != 0"] if values else [])
     dims = [f"out.shape[{k}]" for k in range(rank)]
+    # (no extents in the source: it must be the same for every extent of a symbolic axis)
     label = f"elementwise {epilogue.key}{f' counting {checked}' if checked else ''}" \
-            f"{' checking values' if values else ''} -> {out_type.describe()}"
+            f"{' checking values' if values else ''} -> {out_dt} rank {rank}"
     kernel = NestKernel("ew", lambda par: render(label, args, loop_nest(dims, body, par, flag), par,
                                                  "int64" if flag else "void"))
 
@@ -221,4 +232,4 @@ def elementwise_kernel(request: KernelRequest) -> Kernel:
         arrays = [contiguous(x, sl, cs) for x, (sl, cs) in zip(extras, prepare)]
         arrays.append(out.reshape(out_shape))
         return kernel(arrays, out_shape)
-    return Kernel(run, Counts(extras=tuple(checked), outputs=values))
+    return Kernel(run, Counts(extras=tuple(checked), outputs=values), warm=kernel.warm)

@@ -4,6 +4,9 @@
 A compiled function that calls others compiles them inside its own compilation; only the
 outermost one of each thread is logged, so one line stands for one kernel a user waits on.
 Loading from the on-disk cache triggers no event: a warm run logs nothing.
+
+:func:`counts` counts those outermost compilations per process (a counter, not a timing: the
+tests that a new extent of a symbolic axis compiles nothing read it).
 """
 from __future__ import annotations
 
@@ -15,6 +18,38 @@ log = logging.getLogger("runtime.compile")
 
 _installed = False
 _install_lock = threading.Lock()
+_counts: dict[str, int] = {}  # module.qualname -> outermost compilations in this process
+_counts_lock = threading.Lock()
+
+
+def counts() -> dict[str, int]:
+    """A snapshot of the outermost compilations so far, per ``module.qualname`` (installs the
+    listener, so it counts from the first call on)."""
+    install()
+    with _counts_lock:
+        return dict(_counts)
+
+
+def total() -> int:
+    """How many outermost compilations this process has made since the listener was installed."""
+    return sum(counts().values())
+
+
+_loads: dict[str, int] = {}  # Numba cache entries loaded from disk, per function name
+
+
+def note_loaded(name: str) -> None:
+    """Count a specialisation loaded from the disk cache (``codegen.heal_numba_cache`` calls it)."""
+    with _counts_lock:
+        _loads[name] = _loads.get(name, 0) + 1
+
+
+def specialisations() -> int:
+    """Compilations plus disk-cache loads so far: every machine-code specialisation this
+    process has made, whether the cache was warm or not (what a new extent must not add)."""
+    install()
+    with _counts_lock:
+        return sum(_counts.values()) + sum(_loads.values())
 
 
 def _name(event) -> str:
@@ -45,7 +80,10 @@ def install() -> None:
                 self.local.depth = depth + 1
                 if depth == 0:
                     self.local.started = time.perf_counter()
-                    log.info("compiling %s", _name(ev))
+                    name = _name(ev)
+                    with _counts_lock:
+                        _counts[name] = _counts.get(name, 0) + 1
+                    log.info("compiling %s", name)
 
             def on_end(self, ev):
                 self.local.depth -= 1

@@ -12,55 +12,51 @@ _CHUNKS = 64
 _kernels = {}
 
 
-def _kernel(parallel: bool):
-    if not _kernels:
+def _kernel():
+    """One entry for every size and layout: serial below ``PARALLEL_MIN`` (``chunks`` 1), in
+    ``_CHUNKS`` parallel chunks above, on the exponent bits of the flat array, so that a new
+    extent never compiles a new variant (only the bits' dtype does)."""
+    kernel = _kernels.get("count")
+    if kernel is None:
         from numba import njit, prange
 
-        @njit(cache=True, nogil=True)
-        def count_nonfinite_serial(a):  # any C-contiguous float array: no views to make first
-            flat = a.reshape(a.size)
-            acc = 0
-            for i in range(flat.size):
-                v = flat[i]
-                acc += (v - v) != 0  # NaN and ±inf give NaN
-            return acc
-
         @njit(parallel=True, cache=True, nogil=True)
-        def count_nonfinite(bits, mask):
+        def count_nonfinite(bits, mask, chunks):
             n = bits.size
-            counts = np.zeros(_CHUNKS, np.uint64)
-            for c in prange(_CHUNKS):
-                lo = np.uint64(c * n // _CHUNKS)
-                hi = np.uint64((c + 1) * n // _CHUNKS)
+            if chunks <= 1:  # (no parallel region: below PARALLEL_MIN waking threads costs more)
                 acc = np.uint64(0)
-                for i in range(lo, hi):  # unsigned: vectorises
+                for i in range(np.uint64(n)):  # unsigned: vectorises
+                    acc += np.uint64((bits[i] & mask) == mask)
+                return acc
+            counts = np.empty(chunks, np.uint64)  # (np.zeros would be a parallel loop of its own)
+            for c in prange(chunks):
+                lo = np.uint64(c * n // chunks)
+                hi = np.uint64((c + 1) * n // chunks)
+                acc = np.uint64(0)
+                for i in range(lo, hi):
                     acc += np.uint64((bits[i] & mask) == mask)
                 counts[c] = acc
-            return counts.sum()
+            total = np.uint64(0)
+            for c in range(chunks):
+                total += counts[c]
+            return total
 
-        _kernels[True] = count_nonfinite
-        _kernels[False] = count_nonfinite_serial
-    return _kernels[parallel]
+        kernel = _kernels["count"] = count_nonfinite
+    return kernel
 
 
 def all_finite(a: np.ndarray) -> bool | None:
     """True/False for contiguous float32/float64 arrays, None when NumPy should decide."""
     if a.dtype.char not in "fd" or a.size < SMALL:
         return None
-    if a.flags.c_contiguous:
-        if a.size < PARALLEL_MIN:
-            return _kernel(False)(a) == 0
-    elif a.flags.f_contiguous:
-        if a.size < PARALLEL_MIN:
-            return _kernel(False)(a.T) == 0
-    else:
+    if not (a.flags.c_contiguous or a.flags.f_contiguous):
         return None
     flat = a.reshape(-1, order="A")
     if a.dtype == np.float32:
         bits, mask = flat.view(np.uint32), np.uint32(0x7F800000)
     else:
         bits, mask = flat.view(np.uint64), np.uint64(0x7FF0000000000000)
-    return _kernel(True)(bits, mask) == 0
+    return _kernel()(bits, mask, 1 if a.size < PARALLEL_MIN else _CHUNKS) == 0
 
 
 _device_kernels = {}

@@ -78,17 +78,21 @@ class Kernel:
     run: Run
     counts: Counts = NOTHING
     compiled: Any = None
+    # builds (compiles or loads) every variant a later extent may take, e.g. a parallel twin
+    # (``Executable.warm``): a warmed plan then runs new extents of symbolic axes compiling nothing
+    warm: Callable[[], None] | None = None
 
     def __call__(self, inputs: Sequence[Any], extras: Sequence[Any], out: Any) -> int | None:
         return self.run(inputs, extras, out)
 
 
-def plain_kernel(fn: Callable[[Sequence[Any], Any], Any], counts: Counts = NOTHING) -> Kernel:
+def plain_kernel(fn: Callable[[Sequence[Any], Any], Any], counts: Counts = NOTHING,
+                 warm: Callable[[], None] | None = None) -> Kernel:
     """A kernel from ``fn(inputs, out)``, for a node that takes no epilogue. ``fn`` returns a
     count covering ``counts`` (nothing by default: its return value is then ignored)."""
     if counts.any:
-        return Kernel(lambda inputs, extras, out: fn(inputs, out), counts)
-    return Kernel(lambda inputs, extras, out: _none(fn(inputs, out)))
+        return Kernel(lambda inputs, extras, out: fn(inputs, out), counts, warm=warm)
+    return Kernel(lambda inputs, extras, out: _none(fn(inputs, out)), warm=warm)
 
 
 def _none(_: Any) -> None:
