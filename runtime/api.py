@@ -30,23 +30,26 @@ def load_program(src: Any, registry: Registry | None = None, max_bytes: int | No
 
 @no_memory_error
 def compile(src: Any, backend: str = DEFAULT_BACKEND, registry: Registry | None = None,  # noqa: A001
-            memory_limit: Any = None) -> Executable:
+            memory_limit: Any = None, tiered: bool | None = None) -> Executable:
     """An executable reusable across runs; plans and kernels are built once per set of extents.
     ``memory_limit`` caps every run's working set whatever the program's own limits say
-    (bytes or ``"8G"``; default ``FORMULA_MEMORY_LIMIT``, else the machine's available memory)."""
+    (bytes or ``"8G"``; default ``FORMULA_MEMORY_LIMIT``, else the machine's available memory).
+    ``tiered`` (default: on for ``cpu`` unless ``FORMULA_TIERED=0``): runs whose kernels are
+    still compiling execute on the ``reference`` kernels meanwhile (``Result.tier`` says which
+    ran); ``exe.wait_compiled()`` waits for them."""
     registry = registry or default_registry()
-    return Executable(load_program(src, registry), backend, registry, memory_limit)
+    return Executable(load_program(src, registry), backend, registry, memory_limit, tiered)
 
 
 def execute(src: Any, inputs: Mapping[str, Any] | None = None, banks: Any = None,
             backend: str = DEFAULT_BACKEND, trace: bool = False,
             registry: Registry | None = None, out: Mapping[str, Any] | None = None,
-            memory_limit: Any = None, check_outputs: bool = False) -> Result:
+            memory_limit: Any = None, check_outputs: bool = False, tiered: bool | None = None) -> Result:
     """Load, compile and run once. For repeated runs, keep ``compile``'s executable.
     ``check_outputs``: raise ``nonfinite`` at the instruction whose output holds a NaN or
     ±inf (SPEC §3b.3 item 2; see ``Executable.run``)."""
-    return compile(src, backend, registry, memory_limit).run(inputs=inputs, banks=banks, trace=trace, out=out,
-                                                             check_outputs=check_outputs)
+    return compile(src, backend, registry, memory_limit, tiered).run(inputs=inputs, banks=banks, trace=trace,
+                                                                     out=out, check_outputs=check_outputs)
 
 
 def open_bank_store(location, registry=None):

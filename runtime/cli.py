@@ -162,6 +162,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--warmup", type=_count(0), default=1, metavar="N", help="untimed runs (default 1)")
     c.add_argument("--banks-per-run", action="store_true",
                    help="pass the banks to every run instead of loading them once (load_banks)")
+    c = command("compile", _compile, "Compile (or load from the cache) every kernel a program needs for "
+                "extents and dtypes, so later processes start warm (deployment images).", backend=True)
+    dims(c)
+    c.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                   help="the dtype of the program's 'floating' bindings (default float32)")
+    c = command("cache", _cache, "Show (info) or clear the kernel cache.", program=False)
+    c.add_argument("action", choices=("info", "clear"), help="info: location, size, files; "
+                   "clear: remove the cache's own files")
     command("atoms", _atoms, "List the registered atoms.", program=False)
     command("plugins", _plugins, "List the registered plugins and their problems.", program=False)
     return p
@@ -334,15 +342,81 @@ def _run(args) -> int:
         with open(args.out, "wb") as f:  # an open file keeps np.savez from appending ".npz"
             np.savez(f, **{slot: np.asarray(v) for slot, v in result.items()})
     if args.json:
-        _emit(args, True, backend=args.backend, dims=dims, ms=round(elapsed, 3), out=args.out,
+        _emit(args, True, backend=args.backend, tier=result.tier, dims=dims, ms=round(elapsed, 3), out=args.out,
               outputs={slot: array_stats(np.asarray(v)) for slot, v in result.items()})
         return 0
     for slot, value in result.items():
         print(describe_array(slot, np.asarray(value)))
-    print(f"time          {elapsed:.3f} ms (first run on {args.backend}: includes planning and "
-          f"kernel compilation)")
+    if result.tier != args.backend:  # tiered: the backend's kernels were still compiling
+        print(f"time          {elapsed:.3f} ms (on the {result.tier} kernels while the {args.backend} ones "
+              f"compile; `formula compile` fills the cache ahead of time)")
+    else:
+        print(f"time          {elapsed:.3f} ms (first run on {args.backend}: includes planning and "
+              f"loading or compiling kernels)")
     if args.out:
         print(f"wrote         {args.out}")
+    return 0
+
+
+def _compile(args) -> int:
+    """Every kernel of the plan for ``--dim``s and ``--dtype``, in every variant a later extent
+    of a symbolic axis may take, compiled or loaded into the cache; runs on random values."""
+    from runtime.api import compile as compile_program
+    from runtime.execution.executor import check_dims
+    from runtime.kernels import compilelog
+    from runtime.kernels.codegen import cache_dir
+    from runtime.plugins.registry import default_registry
+
+    dims = _checked_dims(args)
+    registry = default_registry()
+    registry.backend(args.backend)
+    exe = compile_program(Path(args.program), backend=args.backend, registry=registry, tiered=False)
+    dims = check_dims(exe.program, dims)
+    inputs, banks = random_values(exe.program, dims, memory_limit=exe.memory_limit)
+    floating = {b.name for b in exe.program.bindings if b.value_type.dtype == "floating"}
+    for values in (inputs, banks):
+        for name in floating & set(values):
+            values[name] = values[name].astype(args.dtype)
+    before = compilelog.total()
+    with _compile_feedback():
+        started = time.perf_counter()
+        for _ in range(2):  # the second run builds the plan's one-call driver
+            exe.run(inputs=inputs, banks=banks)
+        exe.warm()  # the variants other extents take (parallel twins)
+        elapsed = time.perf_counter() - started
+    compiled = compilelog.total() - before
+    where = str(cache_dir())
+    if args.json:
+        _emit(args, True, backend=args.backend, dims=dims, dtype=args.dtype, compiled=compiled,
+              seconds=round(elapsed, 3), cache=where)
+        return 0
+    print(f"ready         {args.program} on {args.backend} for {dims or 'its static extents'} ({args.dtype})")
+    print(f"compiled      {compiled} kernel{'s' if compiled != 1 else ''} in {elapsed:.1f} s "
+          f"(the rest were in the cache)")
+    print(f"cache         {where}")
+    return 0
+
+
+def _cache(args) -> int:
+    from runtime.kernels import codegen
+
+    if args.action == "clear":
+        removed = codegen.clear_cache()
+        info = codegen.cache_info()
+        if args.json:
+            _emit(args, True, action="clear", removed_files=removed, **info)
+            return 0
+        print(f"removed       {removed} file{'s' if removed != 1 else ''} from {info['location']}")
+        return 0
+    info = codegen.cache_info()
+    if args.json:
+        _emit(args, True, action="info", **info)
+        return 0
+    print(f"location      {info['location']}{'' if info['exists'] else ' (not created yet)'}")
+    print(f"size          {info['bytes'] / 2**20:.1f} MiB in {info['files']} files "
+          f"({info['generated_files']} generated sources, {info['numba_files']} Numba entries)")
+    print(f"numba cache   {info['numba_cache_dir']}{'' if info['numba_cache_is_ours'] else ' (NUMBA_CACHE_DIR: not cleared by formula cache clear)'}")
+    print("set FORMULA_CACHE_DIR to move it; `formula cache clear` empties it")
     return 0
 
 

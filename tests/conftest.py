@@ -5,3 +5,7 @@ import os
 
 if os.environ.get("FORMULA_REAL_CUDA") != "1":
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+# Runs compile their kernels before they return (no reference tier meanwhile): tests compare
+# and time the backends' own kernels; tests/test_tiers.py turns tiering on where it tests it.
+os.environ.setdefault("FORMULA_TIERED", "0")

@@ -8,6 +8,7 @@ a later run writes: they are the caller's ``out=`` arrays, or arrays of the plan
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -25,7 +26,7 @@ from runtime.kernels.arrays import is_device_array
 from runtime.execution.bindings import Binder, BoundValues, bind_values, load_resident, value_is_finite
 from runtime.kernels.codegen import heal_numba_cache
 from runtime.execution.driver import Driver, build_driver
-from runtime.core.errors import did_you_mean, fail
+from runtime.core.errors import FormulaError, did_you_mean, fail
 from runtime.plan.memory import memory_limit as runtime_memory_limit, no_memory_error
 from runtime.plan.halves import widen_halves
 from runtime.program.model import Program
@@ -45,10 +46,12 @@ DRIVER_AFTER_RUNS = 2  # a plan's compiled driver is built on its second run
 class Result(Mapping):
     """Output slot id -> array, plus the per-group ``trace`` when asked for."""
 
-    def __init__(self, values: dict[str, Any], trace: list[dict[str, Any]] | None, plan: Plan):
+    def __init__(self, values: dict[str, Any], trace: list[dict[str, Any]] | None, plan: Plan,
+                 tier: str | None = None):
         self._values = values
         self.trace = trace
         self.plan = plan
+        self.tier = tier  # the backend whose kernels ran: the executable's, or "reference" (tiered)
 
     def __getitem__(self, key: str):
         return self._values[key]
@@ -126,6 +129,14 @@ class CompiledPlan:
                     self._driver_built = True
         return self._driver
 
+    def warm(self) -> None:
+        """Every variant of the kernels (``run.warm`` where a kernel has one; see
+        ``Executable.warm``) and the one-call driver."""
+        for launch in self.launches:
+            warm = getattr(launch.run, "warm", None)
+            if warm is not None:
+                warm()
+
     def acquire_arena(self) -> dict[str, Any]:
         """Each concurrent run gets its own arena, reused run after run: given as the views
         of every temporary slot into it, made once per arena. (``list.pop`` and ``append``
@@ -146,9 +157,23 @@ class CompiledPlan:
         self.results.clear()
 
 
+def tiered_default(backend: str, tiered: bool | None) -> bool:
+    """Whether runs are tiered: ``tiered`` when given, else on for ``cpu`` unless the
+    environment says ``FORMULA_TIERED=0``. Never for ``reference`` (it compiles nothing)."""
+    if backend == "reference":
+        return False
+    if tiered is not None:
+        return bool(tiered)
+    return backend == "cpu" and os.environ.get("FORMULA_TIERED", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 class Executable:
-    def __init__(self, program: Program, backend: str, registry: Registry, memory_limit: Any = None):
-        """``memory_limit``: the runtime ceiling for every run (:func:`runtime.plan.memory.memory_limit`)."""
+    def __init__(self, program: Program, backend: str, registry: Registry, memory_limit: Any = None,
+                 tiered: bool | None = None):
+        """``memory_limit``: the runtime ceiling for every run (:func:`runtime.plan.memory.memory_limit`).
+        ``tiered`` (:func:`tiered_default`): a run whose plan's kernels are not compiled yet runs
+        on the ``reference`` kernels while they compile in a background thread; later runs
+        take the compiled plan once it is ready (:meth:`wait_compiled` waits for it)."""
         self.memory_limit = runtime_memory_limit(memory_limit)
         heal_numba_cache()  # before the first kernel is loaded from the disk cache
         self.program = program
@@ -165,6 +190,8 @@ class Executable:
         # (extents, dtypes, chunks) -> (the slicing, the whole outputs' types, their result pool)
         self._chunkings: dict[tuple, tuple[Chunking | None, dict[str, TensorType], ResultPool]] = {}
         compilelog.install()  # kernels compile lazily, on first call: say so on runtime.compile
+        self.tiered = tiered_default(self.backend.name, tiered)
+        self._tiers = _Tiers(self) if self.tiered else None
 
     def release_memory(self) -> None:
         """Give back what the executable keeps between runs — idle arenas and released result
@@ -173,6 +200,22 @@ class Executable:
             compiled = list(self._plans.values()) + list(self._by_structure.values())
         for c in compiled:
             c.release_memory()
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait until every plan compiling in the background (tiered runs) is ready, for
+        deterministic timing; True when none is left. A failed background compilation is
+        raised here (and by the next run that needs that plan) as a FormulaError."""
+        return True if self._tiers is None else self._tiers.wait(timeout)
+
+    def warm(self) -> None:
+        """Build every variant of the compiled plans' kernels that a later extent may take
+        (e.g. the parallel twin of a kernel that ran serially), so new extents of symbolic
+        axes compile nothing. Tiered executables do it in the background."""
+        self.wait_compiled()
+        with self._plans_lock:
+            compiled = list(self._plans.values())
+        for c in compiled:
+            c.warm()
 
     # --- planning -----------------------------------------------------------------------
     @no_memory_error
@@ -383,6 +426,8 @@ class Executable:
             compiled = self._by_structure.get(bound.structure) if bound.structure is not None else None
             if compiled is None:
                 compiled = self._compiled_for(bound)
+                if compiled is None:  # tiered: its kernels are compiling; this run on reference's
+                    return self._tiers.fallback_run(inputs, banks, trace, out)
             if bound.structure is not None:
                 self._last_structure = (bound.structure, compiled)  # one tuple: replaced atomically
         given = self._given(out, compiled, bound)
@@ -434,7 +479,7 @@ class Executable:
             else:
                 np.copyto(target, self.backend.to_host(value))
             values[slot] = target
-        return Result(values, result.trace, result.plan)
+        return Result(values, result.trace, result.plan, result.tier)
 
     # --- chunked runs ---------------------------------------------------------------------
     def _chunking(self, dims: dict[str, int], dtypes: dict[str, str], chunks: str | int) -> Chunking | None:
@@ -611,7 +656,12 @@ class Executable:
                          "NumPy arrays (use backend='cuda', or copy it to the host)")
         dtypes = {b.name: formula_dtype(bound.values[b.name].dtype) for b in self.program.bindings
                   if b.value_type.dtype == "floating"}
-        compiled = self._compiled(bound.dims, dtypes, frozenset(bound.resident), check_outputs)
+        if self._tiers is not None and not check_outputs:  # (checked runs are never tiered)
+            compiled = self._tiers.ready(bound, dtypes)
+            if compiled is None:
+                return None
+        else:
+            compiled = self._compiled(bound.dims, dtypes, frozenset(bound.resident), check_outputs)
         if bound.structure is not None and not check_outputs:
             if len(self._by_structure) >= MAX_CACHED_PLANS:
                 self._by_structure.clear()
@@ -650,7 +700,7 @@ class Executable:
                     outputs[slot] = given[slot]
                 else:
                     outputs[slot] = backend.to_host(v)
-        return Result({slot: outputs[slot] for slot in self.program.outputs}, records, plan)
+        return Result({slot: outputs[slot] for slot in self.program.outputs}, records, plan, backend.name)
 
     def _launch_each(self, compiled: CompiledPlan, values: dict[str, Any], bound, raw: tuple[Any, Any],
                      records: list[dict[str, Any]] | None) -> None:
@@ -670,7 +720,7 @@ class Executable:
                 self._check_output(launch, values)
             if records is not None:
                 backend.synchronize()
-                records.append({**launch.label, "output": launch.output,
+                records.append({**launch.label, "tier": backend.name, "output": launch.output,
                                 "ms": (time.perf_counter() - started) * 1e3,
                                 "bytes": launch.output_type.nbytes})
 
@@ -768,3 +818,106 @@ def check_dims(program: Program, dims: Mapping[str, int]) -> dict[str, int]:
             fail("binding_shape", f"$.dims.{name}", f"extent of {name!r} must be a positive integer, got {extent!r}")
         out[name] = extent
     return out
+
+
+# --- tiered execution --------------------------------------------------------------------
+class _Tiers:
+    """The tiers of one executable: a plan whose kernels are not ready runs on a private
+    ``reference`` executable of the same program while a background thread builds the plan,
+    compiles its kernels (two runs on copies of the first run's values: the kernels, then the
+    one-call driver) and their other variants; the next run after that takes it.
+
+    A thread rather than a worker process: Numba releases no GIL while it compiles, but the
+    reference runs meanwhile spend their time in NumPy, which does; and a process would have to
+    rebuild the registry and the plan, then still load every kernel from the disk cache here.
+    """
+
+    def __init__(self, exe: Executable):
+        self._exe = exe
+        self._lock = threading.Lock()
+        self._pending: dict[tuple, threading.Thread] = {}
+        self._errors: dict[tuple, FormulaError] = {}
+        self._fallback: Executable | None = None
+
+    @staticmethod
+    def _key(dims, dtypes, resident) -> tuple:
+        """``Executable._compiled``'s key of an unchecked plan (check_outputs False)."""
+        return (tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), resident, False)
+
+    def ready(self, bound, dtypes: dict[str, str]) -> CompiledPlan | None:
+        """The compiled plan for these values when it is ready, else None (its compilation
+        started in the background if it was not running). A failed one raises its error."""
+        exe = self._exe
+        resident = frozenset(bound.resident)
+        key = self._key(bound.dims, dtypes, resident)
+        with exe._plans_lock:
+            compiled = exe._plans.get(key)
+        if compiled is not None:
+            return compiled
+        with self._lock:
+            error = self._errors.get(key)
+            if error is not None:
+                raise error
+            if key not in self._pending:
+                values = {name: np.array(v, copy=True) if name not in bound.resident else v
+                          for name, v in bound.values.items()}  # the caller may change its arrays
+                thread = threading.Thread(target=self._compile, name="formula-compile", daemon=True,
+                                          args=(key, dict(bound.dims), dtypes, resident, bound, values))
+                self._pending[key] = thread
+                thread.start()
+        return None
+
+    def _compile(self, key, dims, dtypes, resident, bound, values) -> None:
+        exe = self._exe
+        try:
+            compiled = exe._build(dims, dtypes, resident)
+            copy = attrs.evolve(bound, values=values, structure=None)
+            for _ in range(DRIVER_AFTER_RUNS):  # the kernels compile on their first call
+                arena = compiled.acquire_arena()
+                try:
+                    exe._execute(compiled, copy, arena, False, {}, (values, None))
+                finally:
+                    compiled.release_arena(arena)
+            compiled.warm()
+        except FormulaError as exc:
+            with self._lock:
+                self._errors[key] = exc
+        except Exception as exc:  # a kernel that fails to compile must not be lost in a thread
+            error = FormulaError("backend_unavailable", "$", f"compiling the {exe.backend.name} kernels "
+                                 f"for extents {dims or '{}'} failed in the background: "
+                                 f"{type(exc).__name__}: {exc}")
+            with self._lock:
+                self._errors[key] = error
+        else:
+            with exe._plans_lock:
+                exe._plans[key] = compiled
+                while len(exe._plans) > MAX_CACHED_PLANS:
+                    exe._plans.popitem(last=False)
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+
+    def fallback_run(self, inputs, banks, trace: bool, out) -> Result:
+        if self._fallback is None:
+            with self._lock:
+                if self._fallback is None:
+                    exe = self._exe
+                    self._fallback = Executable(exe.program, "reference", exe.registry, exe.memory_limit,
+                                                tiered=False)
+        return self._fallback.run(inputs=inputs, banks=banks, trace=trace, out=out)
+
+    def wait(self, timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                threads = list(self._pending.values())
+                errors = list(self._errors.values())
+            if errors:
+                raise errors[0]
+            if not threads:
+                return True
+            for thread in threads:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                thread.join(left)
+                if thread.is_alive():
+                    return False

@@ -98,10 +98,15 @@ def heal_numba_cache() -> None:
 
         def load_overload(self, sig, target_context):
             try:
-                return load(self, sig, target_context)
+                got = load(self, sig, target_context)
             except Exception as exc:  # numba raises whatever unpickling raised
                 _evict(self, exc)
                 return None
+            if got is not None:
+                from runtime.kernels import compilelog
+
+                compilelog.note_loaded(getattr(self, "_name", "?"))
+            return got
 
         def save_overload(self, sig, data):
             try:
@@ -147,6 +152,71 @@ def configure_numba_cache() -> None:
         config.CACHE_DIR = path
     else:
         os.environ["NUMBA_CACHE_DIR"] = path
+
+
+def _own_files(root: Path) -> tuple[list[Path], list[Path]]:
+    """(generated sources and their bytecode, Numba entries) of the cache at ``root``: the
+    only files ``formula cache clear`` removes."""
+    generated = []
+    folder = root / "generated"
+    if folder.is_dir():
+        generated = [p for p in folder.glob("_formula_*.py") if p.is_file()]
+        pycache = folder / "__pycache__"
+        if pycache.is_dir():
+            generated += [p for p in pycache.glob("_formula_*.pyc") if p.is_file()]
+    numba_dir = _numba_dir(root)
+    entries = []
+    if numba_dir.is_dir():
+        entries = [p for p in numba_dir.rglob("*") if p.is_file() and p.suffix in (".nbi", ".nbc")]
+    return generated, entries
+
+
+def _numba_dir(root: Path) -> Path:
+    return Path(os.environ["NUMBA_CACHE_DIR"]) if os.environ.get("NUMBA_CACHE_DIR") else root / "numba"
+
+
+def cache_info() -> dict:
+    """Where the cache is and what it holds: ``location``, ``exists``, ``bytes``, ``files``
+    (generated sources and Numba entries), ``numba_cache_dir`` (ours unless ``NUMBA_CACHE_DIR``)."""
+    root = configured_cache_dir()
+    generated, entries = _own_files(root)
+    files = generated + entries
+    size = 0
+    for path in files:
+        try:
+            size += path.stat().st_size
+        except OSError:  # removed meanwhile by another process
+            pass
+    numba_dir = _numba_dir(root)
+    return {"location": str(root), "exists": root.is_dir(), "bytes": size, "files": len(files),
+            "generated_files": len(generated), "numba_files": len(entries),
+            "numba_cache_dir": str(numba_dir), "numba_cache_is_ours": numba_dir == root / "numba",
+            "variable": "FORMULA_CACHE_DIR"}
+
+
+def clear_cache() -> int:
+    """Remove the cache's own files (generated kernel sources and Numba entries under the
+    cache directory; a ``NUMBA_CACHE_DIR`` elsewhere is left alone) and the folders they
+    leave empty; other files there stay. Returns how many files were removed."""
+    root = configured_cache_dir()
+    generated, entries = _own_files(root)
+    if _numba_dir(root) != root / "numba":
+        entries = []
+    removed = 0
+    for path in generated + entries:
+        try:
+            path.unlink()
+            removed += 1
+        except OSError:
+            pass
+    for folder in sorted({p.parent for p in generated + entries}, key=lambda p: len(p.parts), reverse=True):
+        while folder != root and root in folder.parents:
+            try:
+                folder.rmdir()  # only when empty
+            except OSError:
+                break
+            folder = folder.parent
+    return removed
 
 
 def load_generated(source: str, prefix: str = "gen"):

@@ -1,0 +1,263 @@
+"""Time to first result: no per-extent recompiles, tiered execution (reference kernels while
+the cpu ones compile in the background), ``formula compile`` and ``formula cache``."""
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+import runtime
+from bench import programs, transformer
+from runtime.cli import main
+from runtime.core.errors import fail
+from runtime.execution.executor import Executable
+from runtime.kernels import codegen, compilelog
+
+SEED = programs.seed_program("float32")
+
+
+def _seed(tokens: int, seed: int = 0):
+    data = programs.seed_data(tokens, "float32", seed)
+    return data["inputs"], data["banks"]
+
+
+def _expected(inputs, banks):
+    x = inputs["x"].astype(np.float64)
+    a, b = banks["lora.A"].astype(np.float64), banks["lora.B"].astype(np.float64)
+    h = x @ a.T
+    return inputs["base"] + float(inputs["lora.gain"]) * ((h / (1 + np.exp(-h))) @ b.T)
+
+
+def _close(result, inputs, banks):
+    np.testing.assert_allclose(result["%4"], _expected(inputs, banks), rtol=2e-4, atol=2e-4)
+
+
+# --- no per-extent recompiles ------------------------------------------------------------
+def test_new_extents_of_the_seed_compile_nothing_after_warm_up():
+    """A counter, not a timing: every specialisation (compiled, or loaded from the disk
+    cache) after warm-up would count; the extents cross every size threshold (one token, the
+    micro-kernel forms, the parallel split and the parallel finiteness scan)."""
+    exe = runtime.compile(SEED, "cpu", tiered=False)
+    for tokens in (64, 1):
+        inputs, banks = _seed(tokens)
+        for _ in range(2):  # (the second run builds the one-call driver)
+            exe.run(inputs=inputs, banks=banks)
+    exe.warm()
+    before = compilelog.specialisations()
+    for tokens in (3, 7, 40, 300, 1000, 2):
+        inputs, banks = _seed(tokens, seed=tokens)
+        for _ in range(2):
+            _close(exe.run(inputs=inputs, banks=banks), inputs, banks)
+    assert compilelog.specialisations() == before
+
+
+def test_new_extents_of_the_transformer_block_compile_nothing_after_warm_up():
+    exe = runtime.compile(transformer.transformer_block_program(full=True), "cpu", tiered=False)
+    for tokens in (8, 1):
+        data = transformer.transformer_block_data(tokens)
+        for _ in range(2):
+            exe.run(**data)
+    exe.warm()
+    before = compilelog.specialisations()
+    for tokens in (5, 33, 2):
+        data = transformer.transformer_block_data(tokens, seed=tokens)
+        for _ in range(2):
+            exe.run(**data)
+    assert compilelog.specialisations() == before
+
+
+def test_specialisations_count_compilations():
+    from numba import njit
+
+    @njit
+    def twice(x):
+        return 2 * x
+
+    before = compilelog.specialisations()
+    assert twice(3) == 6 and twice(3.5) == 7.0
+    assert compilelog.specialisations() == before + 2
+
+
+# --- tiered execution --------------------------------------------------------------------
+@pytest.fixture
+def gated(monkeypatch):
+    """Background plan builds wait for ``gate.set()``, so a test decides when the switch is."""
+    gate = threading.Event()
+    build = Executable._build
+
+    def waiting(self, *args, **kwargs):
+        if self.backend.name != "reference":  # (the reference tier builds its plans at once)
+            assert gate.wait(120)
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(Executable, "_build", waiting)
+    yield gate
+    gate.set()
+
+
+def test_tiered_runs_on_reference_then_switches_with_equal_results(gated):
+    exe = runtime.compile(SEED, "cpu", tiered=True)
+    inputs, banks = _seed(16)
+    first = exe.run(inputs=inputs, banks=banks, trace=True)
+    assert first.tier == "reference"
+    assert {r["tier"] for r in first.trace} == {"reference"}
+    assert exe.wait_compiled(timeout=0.05) is False  # still compiling, behind the gate
+    gated.set()
+    assert exe.wait_compiled() is True
+    second = exe.run(inputs=inputs, banks=banks, trace=True)
+    assert second.tier == "cpu" and {r["tier"] for r in second.trace} == {"cpu"}
+    _close(first, inputs, banks)
+    _close(second, inputs, banks)
+    np.testing.assert_allclose(first["%4"], second["%4"], rtol=1e-4, atol=1e-4)
+    assert exe.run(inputs=inputs, banks=banks).tier == "cpu"  # the untraced path too
+
+
+def test_tiered_is_on_for_cpu_by_default_and_opt_out(monkeypatch):
+    monkeypatch.delenv("FORMULA_TIERED", raising=False)
+    assert runtime.compile(SEED, "cpu").tiered is True
+    assert runtime.compile(SEED, "reference").tiered is False
+    assert runtime.compile(SEED, "cpu", tiered=False).tiered is False
+    monkeypatch.setenv("FORMULA_TIERED", "0")
+    exe = runtime.compile(SEED, "cpu")
+    assert exe.tiered is False
+    inputs, banks = _seed(4)
+    assert exe.run(inputs=inputs, banks=banks).tier == "cpu"  # waited for its kernels
+    assert exe.wait_compiled() is True
+
+
+def _failing_cpu_builds(monkeypatch, failure):
+    build = Executable._build
+
+    def failing(self, *args, **kwargs):
+        if self.backend.name != "reference":
+            failure()
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(Executable, "_build", failing)
+
+
+def test_a_background_compile_error_surfaces_as_formula_error(monkeypatch):
+    def broken():
+        raise RuntimeError("no LLVM today")
+
+    _failing_cpu_builds(monkeypatch, broken)
+    exe = runtime.compile(SEED, "cpu", tiered=True)
+    inputs, banks = _seed(4)
+    assert exe.run(inputs=inputs, banks=banks).tier == "reference"
+    with pytest.raises(runtime.FormulaError) as err:
+        exe.wait_compiled()
+    assert err.value.code == "backend_unavailable" and "no LLVM today" in err.value.message
+    with pytest.raises(runtime.FormulaError, match="no LLVM today"):  # not lost: the next run says it too
+        exe.run(inputs=inputs, banks=banks)
+
+
+def test_a_formula_error_in_the_background_keeps_its_code(monkeypatch):
+    _failing_cpu_builds(monkeypatch, lambda: fail("limit_exceeded", "$.limits", "too big for the cpu plan"))
+    exe = runtime.compile(SEED, "cpu", tiered=True)
+    inputs, banks = _seed(4)
+    exe.run(inputs=inputs, banks=banks)
+    with pytest.raises(runtime.FormulaError) as err:
+        exe.wait_compiled()
+    assert err.value.code == "limit_exceeded"
+
+
+def test_concurrent_runs_across_the_switch(gated):
+    exe = runtime.compile(SEED, "cpu", tiered=True)
+    inputs, banks = _seed(8)
+    expected = _expected(inputs, banks)
+    tiers, failures = [], []
+    start = threading.Barrier(4)
+
+    def worker():
+        try:
+            start.wait()
+            for _ in range(6):
+                result = exe.run(inputs=inputs, banks=banks)
+                np.testing.assert_allclose(result["%4"], expected, rtol=2e-4, atol=2e-4)
+                tiers.append(result.tier)
+        except Exception as exc:  # collected: a thread's failure must fail the test
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    start.wait()
+    gated.set()  # the switch happens while the workers run
+    for t in threads:
+        t.join(300)
+    assert not failures
+    assert len(tiers) == 18 and "reference" in tiers
+    exe.wait_compiled()
+    assert exe.run(inputs=inputs, banks=banks).tier == "cpu"
+
+
+def test_tiered_runs_leave_the_callers_arrays_alone(gated):
+    exe = runtime.compile(SEED, "cpu", tiered=True)
+    inputs, banks = _seed(4)
+    copies = {k: np.array(v, copy=True) for k, v in {**inputs, **banks}.items()}
+    exe.run(inputs=inputs, banks=banks)
+    inputs["x"][...] = np.nan  # the background compile works on its own copy
+    gated.set()
+    exe.wait_compiled()
+    inputs["x"][...] = copies["x"]
+    for k, v in {**inputs, **banks}.items():
+        np.testing.assert_array_equal(v, copies[k])
+
+
+# --- formula compile / formula cache -------------------------------------------------------
+def _json(capsys):
+    return json.loads(capsys.readouterr().out)
+
+
+def test_formula_compile_fills_the_cache_then_has_nothing_left_to_compile(capsys, tmp_path):
+    path = tmp_path / "seed.json"
+    path.write_text(json.dumps(SEED))
+    argv = ["compile", str(path), "--dim", "B=1", "--dim", "S=5", "--json"]
+    assert main(argv) == 0
+    doc = _json(capsys)
+    assert doc["ok"] and doc["dims"] == {"B": 1, "S": 5} and doc["dtype"] == "float32"
+    assert doc["cache"] == str(codegen.cache_dir())
+    assert main(argv) == 0
+    assert _json(capsys)["compiled"] == 0
+    assert main(["compile", str(path), "--dim", "B=1", "--dim", "S=5", "--dtype", "float64"]) == 0
+    out = capsys.readouterr().out
+    assert "float64" in out and "cache" in out
+
+
+def test_formula_compile_checks_its_arguments(capsys, tmp_path):
+    path = tmp_path / "seed.json"
+    path.write_text(json.dumps(SEED))
+    assert main(["compile", str(path), "--json"]) == 1  # S has no extent
+    doc = _json(capsys)
+    assert not doc["ok"] and doc["error"]["code"] == "binding_shape" and "--dim" in doc["error"]["message"]
+    assert main(["compile", str(path), "--dtype", "int8"]) == 2  # a usage error
+
+
+def test_formula_cache_info_and_clear_touch_only_the_caches_files(capsys, tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("FORMULA_CACHE_DIR", str(root))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    assert main(["cache", "info", "--json"]) == 0
+    doc = _json(capsys)
+    assert doc["location"] == str(root) and doc["files"] == 0 and doc["exists"] is False
+    (root / "generated" / "__pycache__").mkdir(parents=True)
+    (root / "numba" / "sub").mkdir(parents=True)
+    (root / "generated" / "_formula_ew_0123.py").write_text("x = 1\n")
+    (root / "generated" / "__pycache__" / "_formula_ew_0123.cpython-312.pyc").write_bytes(b"12")
+    (root / "numba" / "sub" / "k.py.kernel-1.py312.nbi").write_bytes(b"abc")
+    (root / "numba" / "sub" / "k.py.kernel-1.py312.1.nbc").write_bytes(b"abcd")
+    (root / "numba" / "sub" / "notes.txt").write_text("mine")
+    (root / "generated" / "mine.py").write_text("mine")
+    assert main(["cache", "info", "--json"]) == 0
+    doc = _json(capsys)
+    assert (doc["files"], doc["bytes"], doc["generated_files"], doc["numba_files"]) == (4, 6 + 2 + 3 + 4, 2, 2)
+    assert main(["cache", "info"]) == 0
+    text = capsys.readouterr().out
+    assert str(root) in text and "4 files" in text and "FORMULA_CACHE_DIR" in text
+    assert main(["cache", "clear", "--json"]) == 0
+    doc = _json(capsys)
+    assert doc["removed_files"] == 4 and doc["files"] == 0
+    assert sorted(p.name for p in root.rglob("*") if p.is_file()) == ["mine.py", "notes.txt"]
+    assert not (root / "generated" / "__pycache__").exists()
