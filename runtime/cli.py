@@ -1,4 +1,9 @@
-"""The ``formula`` console script: validate, run, plan and benchmark programs; list atoms/plugins.
+"""The ``formula`` console script: validate, run, plan and benchmark programs; list atoms/plugins;
+compile a program's kernels ahead of time (``compile``) and show or clear the cache (``cache``).
+
+``run`` is tiered on cpu (its result may come from the reference kernels while the cpu ones
+compile in the background, which the process does not wait for); ``bench`` and ``compile``
+are not.
 
 Every ``FormulaError`` is printed as ``error [code] path: message`` on stderr with exit status
 1, so a bad program or bad input never shows a traceback. An unexpected exception (a bug) is
@@ -207,7 +212,7 @@ def _check_files(args) -> None:
         fail("schema", "$.inputs", f"--inputs {given!r}: no such file")
 
 
-def _prepare(args):
+def _prepare(args, tiered: bool | None = None):
     """Check every argument, then load the program and compile it for ``--backend``:
     (executable, dims). Nothing proportional to the data has run yet."""
     from runtime.api import compile as compile_program
@@ -218,7 +223,7 @@ def _prepare(args):
     _check_files(args)
     registry = default_registry()
     registry.backend(args.backend)  # unknown or unavailable here: before the program is read
-    exe = compile_program(Path(args.program), backend=args.backend, registry=registry)
+    exe = compile_program(Path(args.program), backend=args.backend, registry=registry, tiered=tiered)
     return exe, check_dims(exe.program, dims)
 
 
@@ -234,8 +239,8 @@ class _CompileNotice(logging.Handler):
         self.started: float | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno != logging.INFO:
-            return
+        if record.levelno != logging.INFO or record.threadName == "formula-compile":
+            return  # (a tiered run's background compilation: nobody waits for it)
         from runtime.kernels.codegen import cache_dir
 
         self.count += 1
@@ -453,7 +458,7 @@ def _plan(args) -> int:
 
 
 def _bench(args) -> int:
-    exe, dims = _prepare(args)
+    exe, dims = _prepare(args, tiered=False)  # times the backend's own kernels
     _preflight(exe, dims)
     inputs, banks = random_values(exe.program, dims, args.seed, args.int_high, memory_limit=exe.memory_limit)
     if not args.banks_per_run:

@@ -114,6 +114,22 @@ def test_tiered_runs_on_reference_then_switches_with_equal_results(gated):
     assert exe.run(inputs=inputs, banks=banks).tier == "cpu"  # the untraced path too
 
 
+def test_a_new_extent_of_a_compiled_plan_runs_compiled_at_once(gated):
+    """Kernels do not depend on the extents of symbolic axes: once one plan of these dtypes is
+    compiled, a plan for new extents is built at once (nothing to compile), not tiered."""
+    exe = runtime.compile(SEED, "cpu", tiered=True)
+    inputs, banks = _seed(6)
+    assert exe.run(inputs=inputs, banks=banks).tier == "reference"
+    gated.set()
+    exe.wait_compiled()
+    inputs, banks = _seed(11)
+    result = exe.run(inputs=inputs, banks=banks)
+    assert result.tier == "cpu"
+    _close(result, inputs, banks)
+    data = programs.seed_data(5, "float64")  # new dtypes: tiered again (the gate is open)
+    assert exe.run(inputs=data["inputs"], banks=data["banks"]).tier in ("reference", "cpu")
+
+
 def test_tiered_is_on_for_cpu_by_default_and_opt_out(monkeypatch):
     monkeypatch.delenv("FORMULA_TIERED", raising=False)
     assert runtime.compile(SEED, "cpu").tiered is True
