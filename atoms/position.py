@@ -242,6 +242,7 @@ def _cpu_sinusoidal(node: Node):
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         co = cg.contiguous(np.asarray(inputs[0])).reshape(cshape)
         kernel([co, omega, out.reshape(ct.shape + (width,))], space, math.prod(space) * 2)
+    run.warm = kernel.warm
     return run
 
 
@@ -342,6 +343,7 @@ def _cpu_rotary(node: Node):
         cos = np.cos(theta)
         np.sin(theta, out=theta)
         kernel([cg.contiguous(value), cos, theta, out], space)
+    run.warm = kernel.warm
     return run
 
 

@@ -120,6 +120,17 @@ def _views(src, dst, kind: int):
     return src.view(np.uint16 if widen else np.uint32), dst.view(np.uint32 if widen else np.uint16)
 
 
+def warm_host(kind: int) -> None:
+    """Compile (or load) the serial and the parallel conversion of ``kind`` for contiguous
+    operands, which a call picks by size: a later extent then compiles nothing."""
+    widen = kind in (F16_TO_F32, BF16_TO_F32)
+    src = np.zeros(1, np.uint16 if widen else np.uint32)
+    dst = np.zeros(1, np.uint32 if widen else np.uint16)
+    kernels = _cpu_kernels()
+    kernels["serial"](src, dst, kind)
+    kernels["parallel"](src, dst, kind)
+
+
 def convert_host(src: np.ndarray, dst: np.ndarray, kind: int) -> None:
     """Widen or narrow ``src`` into ``dst`` (same shape) on the CPU."""
     s, d = _views(src, dst, kind)

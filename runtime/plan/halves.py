@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 
 from runtime.core.types import TensorType
-from runtime.kernels.halfconv import BF16_TO_F32, F16_TO_F32, F32_TO_BF16, F32_TO_F16, convert_host
+from runtime.kernels.halfconv import BF16_TO_F32, F16_TO_F32, F32_TO_BF16, F32_TO_F16, convert_host, warm_host
 from runtime.plugins.atomspec import AtomSpec, Node
 from runtime.plugins.kernel import node_kernel
 
@@ -38,6 +38,7 @@ def _cpu_factory(node: Node):
 
     def run(inputs: Sequence[Any], out) -> None:
         convert_host(inputs[0], out, kind)
+    run.warm = lambda: warm_host(kind)
     return run
 
 
