@@ -174,8 +174,10 @@ def pack_source(dt: str) -> list[str]:
             "    nbb = nb if sbb != 0 else 1",
             f"    npan = (n + {nr - 1}) // {nr}",
             f"    bp = np.empty(nbb * k * npan * {nr}, np.{dt})",
-            "    for i in range(bp.size):",  # (np.zeros would be a parallel loop even when par is 0)
-            "        bp[i] = 0",
+            f"    if n % {nr} != 0:",  # only the last panel of each batch has padding columns
+            "        for q in range(nbb):",  # (np.zeros would be a parallel loop even when par is 0)
+            f"            for i in range((q * npan + npan - 1) * k * {nr}, (q + 1) * npan * k * {nr}):",
+            "                bp[i] = 0",
             "    pld = np.uint64(ldb)",  # unsigned indices: the copies vectorise
             "    if par:",
             "        for t in prange(nbb * npan):", *_indent(body, "            "),

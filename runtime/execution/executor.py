@@ -130,12 +130,11 @@ class CompiledPlan:
         return self._driver
 
     def warm(self) -> None:
-        """Every variant of the kernels (``run.warm`` where a kernel has one; see
-        ``Executable.warm``) and the one-call driver."""
+        """Every variant of the kernels (``Kernel.warm`` where a kernel has one; see
+        ``Executable.warm``)."""
         for launch in self.launches:
-            warm = getattr(launch.run, "warm", None)
-            if warm is not None:
-                warm()
+            if launch.kernel.warm is not None:
+                launch.kernel.warm()
 
     def acquire_arena(self) -> dict[str, Any]:
         """Each concurrent run gets its own arena, reused run after run: given as the views

@@ -104,7 +104,8 @@ def node_kernel(make_run: Callable[[Any], Callable[[Sequence[Any], Any], Any]]
     """A factory from ``make_run(node) -> fn(inputs, out)``: for kernels that count nothing
     and take no epilogue (most atoms' reference and CUDA kernels)."""
     def factory(request: KernelRequest) -> Kernel:
-        return plain_kernel(make_run(request.node))
+        fn = make_run(request.node)
+        return plain_kernel(fn, warm=getattr(fn, "warm", None))  # (a run may say how to warm it)
     factory.__name__ = getattr(make_run, "__name__", "factory")
     factory.__doc__ = make_run.__doc__
     return factory
