@@ -840,8 +840,9 @@ class _Tiers:
 
     @staticmethod
     def _key(dims, dtypes, resident) -> tuple:
-        """``Executable._compiled``'s key of an unchecked plan (check_outputs False)."""
-        return (tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), resident, False)
+        """``Executable._compiled``'s key of an unchecked plan of a whole run (check_outputs
+        False, no ``whole``)."""
+        return (tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), resident, False, None)
 
     def ready(self, bound, dtypes: dict[str, str]) -> CompiledPlan | None:
         """The compiled plan for these values when it is ready, else None (its compilation
