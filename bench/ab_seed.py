@@ -60,7 +60,7 @@ def built(inputs, banks, module=None, name=None, value=None, resident=True):
     """(executable, banks to run it with): the banks loaded once (``load_banks``) or, with
     ``resident=False``, the arrays themselves; its kernels, built on its first run with those
     banks, see ``module.name = value``."""
-    exe = runtime.compile(SEED, "cpu")
+    exe = runtime.compile(SEED, "cpu", tiered=False)
     run_banks = exe.load_banks(banks) if resident else banks
     saved = getattr(module, name) if module is not None else None
     if module is not None:

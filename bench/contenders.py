@@ -49,7 +49,7 @@ def runtime_compile(program: Mapping[str, Any], backend: str):
     except (ImportError, SyntaxError, AttributeError) as exc:
         raise Unavailable(f"runtime.compile is not importable yet: {type(exc).__name__}: {exc}") from exc
     try:
-        return compile_(program, backend=backend)
+        return compile_(program, backend=backend, tiered=False)  # timings are of compiled kernels
     except runtime.FormulaError as exc:
         if exc.code == "backend_unavailable":
             raise Unavailable(f"{backend}: {exc}") from exc

@@ -73,7 +73,7 @@ def main(out_path: str, T: int = 65536) -> None:
             results["torch_ms"] = median_ms(f, torch.cuda.synchronize)
     except Exception as exc:
         results["torch_error"] = repr(exc)
-    cpu = runtime.compile(SEED, "cpu")
+    cpu = runtime.compile(SEED, "cpu", tiered=False)
     results["formula_cpu_ms"] = median_ms(lambda: cpu.run(inputs=host_inputs, banks=host_banks), lambda: None, reps=5)
     for peer in ("cupy_ms", "torch_ms", "formula_cpu_ms"):
         if peer in results:

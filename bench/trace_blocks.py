@@ -21,7 +21,7 @@ def trace(case_name: str, reps: int) -> list[tuple[str, float]]:
 
     case = next(c for c in blocks.cases() if c.name == case_name)
     values = blocks.data(case)
-    exe = runtime.compile(blocks.program(case), "cpu")
+    exe = runtime.compile(blocks.program(case), "cpu", tiered=False)
     banks = exe.load_banks(values["banks"])
     exe.run(inputs=values["inputs"], banks=banks)
     atoms = {}

@@ -35,7 +35,7 @@ def main(T: int, reps: int = 20) -> None:
     banks = {"lora.A": (rng.standard_normal((32, 1024)) * 0.03).astype(np.float32),
              "lora.B": (rng.standard_normal((1024, 32)) * 0.1).astype(np.float32)}
     inputs = {"x": x, "base": base, "lora.gain": np.float32(0.7)}
-    exe = runtime.compile(SEED, "cpu")
+    exe = runtime.compile(SEED, "cpu", tiered=False)
     exe.run(inputs=inputs, banks=banks)
     per_group: dict[str, list[float]] = {}
     for _ in range(reps):

@@ -28,10 +28,10 @@ def main(rounds: int) -> None:
               "base": rng.standard_normal((B, S, 1024), dtype=np.float32), "lora.gain": np.float32(0.5)}
     banks = {"lora.A": (rng.standard_normal((32, 1024)) * 0.03).astype(np.float32),
              "lora.B": (rng.standard_normal((1024, 32)) * 0.03).astype(np.float32)}
-    big = runtime.compile(doc, backend="cpu")
+    big = runtime.compile(doc, backend="cpu", tiered=False)
     whole_bytes = big.plan({"B": B, "S": S}).working_bytes
     doc["limits"]["max_working_bytes"] = whole_bytes // 4
-    small = runtime.compile(doc, backend="cpu")
+    small = runtime.compile(doc, backend="cpu", tiered=False)
     rb, rs = big.load_banks(banks), small.load_banks(banks)
     cases = {"whole": lambda: big.run(inputs=inputs, banks=rb),
              "auto (limit = whole/4)": lambda: small.run(inputs=inputs, banks=rs, chunks="auto"),

@@ -27,7 +27,7 @@ def median_ms(exe, inputs, banks, check: bool, repeats: int) -> float:
 
 def main(repeats: int = 300) -> None:
     for s in (1, 64, 512):
-        exe = runtime.compile(SEED, "cpu")
+        exe = runtime.compile(SEED, "cpu", tiered=False)
         inputs, banks = random_values(SEED, {"B": 1, "S": s}, seed=0)
         got = {False: [], True: []}
         for check in (False, True, False, True):

@@ -20,7 +20,7 @@ def save(tree: str, path: str) -> None:
     for tokens in TOKENS:
         inputs, banks = seed_values(tokens)
         for resident in (True, False):
-            exe = runtime.compile(SEED, "cpu")
+            exe = runtime.compile(SEED, "cpu", tiered=False)
             run_banks = exe.load_banks(banks) if resident else banks
             for _ in range(3):  # the third run takes the compiled driver
                 result = exe.run(inputs=inputs, banks=run_banks)["%4"].copy()
