@@ -445,6 +445,61 @@ def keepdims_flattener(t: TensorType, out_type: TensorType):
     return flat
 
 
+@attrs.frozen
+class TilePlan:
+    """How one contraction call is cut into row tiles: decisions only. ``_cpu_source`` renders
+    one kernel for every plan of a dtype and layout; the plan reaches it as run-time ints."""
+
+    tm: int  # rows per tile
+    ntiles: int
+    form: str | None  # the micro-kernel tiles use (``atoms._microgemm``); None: BLAS and gemv
+    pack_left: bool  # bcast tiles copy their left rows into one interleaved block first
+    parallel: bool  # tiles in a parallel region (else one worker, no region)
+    nwork: int  # workers, each a contiguous run of tiles
+
+    @property
+    def form_id(self) -> int:
+        return FORM_IDS["bcast packed left" if self.pack_left else self.form]
+
+
+def plan_tiles(dims: tuple[int, int, int, int], dt: str, scan_left: bool = False,
+               whole: tuple[int, int, int, int] | None = None, threads: int | None = None) -> TilePlan:
+    """The tile plan of a contraction of ``dims`` = (nb, m, n, k) in ``dt``: row tiles whose
+    result stays in cache (shorter when the left tile is scanned first, longer over a right
+    operand too big to re-pack often), the micro-kernel form chosen for ``whole`` (the whole
+    run's dims when this call computes a slice of it, so each element is computed the same
+    way), a parallel split above PARALLEL_MIN_MACS over ``threads`` (Numba's count)."""
+    nb, m, n, k = dims
+    item = np.dtype(dt).itemsize
+    tm = max(8, min(m, SCRATCH_BYTES // max(1, n * item)))
+    if scan_left:  # a scanned tile of the left operand must still be in cache when BLAS reads it
+        tm = max(8, min(tm, SCAN_TILE_BYTES // max(1, k * item)))
+    tm = max(tm, pack_rows(m, n, k, item))
+    # (tiles of at most GEMV_ROWS rows always call gemv: no micro-kernel when all are)
+    fnb, fm, fn, fk = whole or dims
+    form = micro.choose_form(fnb, fm, fn, fk, dt) if fm > GEMV_ROWS else None
+    tm = micro.whole_blocks(form, tm)
+    ntiles = nb * -(-m // tm)
+    parallel = nb * m * n * k >= PARALLEL_MIN_MACS and nb * -(-m // 8) > 1
+    if parallel:  # at least one tile per thread
+        if threads is None:
+            import numba
+
+            threads = numba.get_num_threads()
+        want = threads * TILES_PER_THREAD
+        if ntiles < want:
+            tm = micro.whole_blocks(form, max(8, -(-m // max(1, want // nb))))
+            ntiles = nb * -(-m // tm)
+        nwork = min(threads, ntiles)
+        if nb == 1:  # every worker the same number of tiles, of about equal rows
+            tm = micro.balanced_rows(form, m, -(-ntiles // nwork) * nwork)
+            ntiles = -(-m // tm)
+    else:
+        nwork = 1
+    pack_left = form == "bcast" and n >= micro.PACK_LEFT_MIN_PANELS * micro.BCAST_NV * simd.lanes(dt)
+    return TilePlan(tm, ntiles, form, pack_left, parallel, nwork)
+
+
 def cpu_anchor(request: KernelRequest, low: Lowering, whole: tuple[int, int, int, int] | None = None) -> Kernel:
     """The kernel: BLAS row tiles in prange, the epilogue applied per hot tile. It counts the
     non-finite values of every operand and extra the request asks it to (``counts``): the left
@@ -460,39 +515,14 @@ def cpu_anchor(request: KernelRequest, low: Lowering, whole: tuple[int, int, int
     dt = anchor_dtype(node, epilogue, "cpu")
     out_type = node.output_type
     nb, m, n, k = low.dims
-    out_shape = out_type.shape
     out_addr = out_addressing(out_type, low)
     extra_addr = [keepdims_addressing(t, out_type, low) for t in epilogue.extra_types]
-    item = np.dtype(dt).itemsize
-    tm = max(8, min(m, SCRATCH_BYTES // max(1, n * item)))
     scan_left = 0 in scanned
-    if scan_left:  # a scanned tile of the left operand must still be in cache when BLAS reads it
-        tm = max(8, min(tm, SCAN_TILE_BYTES // max(1, k * item)))
-    tm = max(tm, pack_rows(m, n, k, item))
-    # (tiles of at most GEMV_ROWS rows always call gemv: no micro-kernel when all are)
-    fnb, fm, fn, fk = whole or low.dims
-    form = micro.choose_form(fnb, fm, fn, fk, dt) if fm > GEMV_ROWS else None
-    tm = micro.whole_blocks(form, tm)
-    ntiles = nb * -(-m // tm)
-    parallel = nb * m * n * k >= PARALLEL_MIN_MACS and nb * -(-m // 8) > 1
-    if parallel:  # at least one tile per thread
-        import numba
-
-        threads = numba.get_num_threads()
-        want = threads * TILES_PER_THREAD
-        if ntiles < want:
-            tm = micro.whole_blocks(form, max(8, -(-m // max(1, want // nb))))
-            ntiles = nb * -(-m // tm)
-        nwork = min(threads, ntiles)
-        if nb == 1:  # every worker the same number of tiles, of about equal rows
-            tm = micro.balanced_rows(form, m, -(-ntiles // nwork) * nwork)
-            ntiles = -(-m // tm)
-    else:
-        nwork = 1
-    pack_left = form == "bcast" and n >= micro.PACK_LEFT_MIN_PANELS * micro.BCAST_NV * simd.lanes(dt)
+    tiles = plan_tiles(low.dims, dt, scan_left, whole)
+    tm, form, parallel, nwork = tiles.tm, tiles.form, tiles.parallel, tiles.nwork
     ints = np.zeros(_I_ADDR + 3 * (1 + len(extra_addr)), np.int64)
     ints[[_I_NB, _I_M, _I_N, _I_K, _I_TM, _I_FORM, _I_PAR]] = (
-        nb, m, n, k, tm, FORM_IDS["bcast packed left" if pack_left else form], int(parallel))
+        nb, m, n, k, tm, tiles.form_id, int(parallel))
     tables = []
     for a, ad in enumerate([out_addr] + extra_addr):
         ints[_I_ADDR + 3 * a:_I_ADDR + 3 * a + 3] = ad.strides
