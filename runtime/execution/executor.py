@@ -646,15 +646,8 @@ class Executable:
         """The compiled plan for these values' extents and float dtypes (host backends refuse
         device arrays here). Remembered per value structure for the binder's fast path
         (unchecked runs only)."""
-        if not self.backend.device_memory:
-            for name, v in bound.values.items():
-                if not isinstance(v, np.ndarray):
-                    kind = "inputs" if self.program.binding(name).kind == "input" else "banks"
-                    fail("binding_dtype", f"$.{kind}.{name}",
-                         f"{name!r} is a device array; backend {self.backend.name!r} takes host "
-                         "NumPy arrays (use backend='cuda', or copy it to the host)")
-        dtypes = {b.name: formula_dtype(bound.values[b.name].dtype) for b in self.program.bindings
-                  if b.value_type.dtype == "floating"}
+        self._check_host(bound)
+        dtypes = self._float_dtypes(bound)
         if self._tiers is not None and not check_outputs:  # (checked runs are never tiered)
             compiled = self._tiers.ready(bound, dtypes)
             if compiled is None:
