@@ -17,17 +17,13 @@ dask = pytest.importorskip("dask")
 distributed = pytest.importorskip("distributed")
 rdask = pytest.importorskip("runtime.dask")
 
+from tests.test_chunked import seed_values  # noqa: E402
+
 SEED = json.loads((Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json").read_text())
 
 
 def values(b=4, s=12, seed=0):
-    rng = np.random.default_rng(seed)
-    inputs = {"x": rng.standard_normal((b, s, 1024), dtype=np.float32),
-              "base": rng.standard_normal((b, s, 1024), dtype=np.float32),
-              "lora.gain": np.float32(0.5)}
-    banks = {"lora.A": (rng.standard_normal((32, 1024)) * 0.03).astype(np.float32),
-             "lora.B": (rng.standard_normal((1024, 32)) * 0.03).astype(np.float32)}
-    return inputs, banks
+    return seed_values(b, s, seed)
 
 
 def local(inputs, banks, backend="cpu"):
