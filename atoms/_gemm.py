@@ -259,6 +259,33 @@ _I_NB, _I_M, _I_N, _I_K, _I_TM, _I_FORM, _I_PAR = range(7)
 _I_ADDR = 7  # then (batch, M, N) strides of out, then of each extra
 # ints[_I_FORM]: the micro-kernel tiles used when ``micro`` is set (none: BLAS only)
 FORM_IDS = {None: 0, "dot": 1, "bcast": 2, "bcast packed left": 3}
+ALL_FORMS = frozenset(FORM_IDS.values())
+
+
+def kernel_forms(n: int | None, k: int | None, dt: str) -> frozenset[int]:
+    """The ``FORM_IDS`` that plans with N = ``n`` and K = ``k`` can ask for, whatever their M
+    and batch (None: that extent varies between runs, so every form). A kernel links only
+    these tiles: each one it links adds seconds to its compilation."""
+    if n is None or k is None:
+        return ALL_FORMS
+    forms = {micro.choose_form(1, rows, n, k, dt) for rows in micro.FORM_ROW_STEPS}
+    return frozenset(FORM_IDS["bcast packed left" if micro.packs_left(f, n, dt) else f] for f in forms | {None})
+
+
+def fixed_nk(node, low: Lowering) -> tuple[int | None, int | None]:
+    """N and K of ``node`` when the program declares them (every axis sized by an int), else
+    None: such an extent is the same in every run, and bounds the forms a kernel needs."""
+    if not node.declared_inputs:
+        return None, None
+    left, right = node.declared_inputs
+
+    def fixed(t: TensorType, axes: Sequence[str]) -> int | None:
+        sizes = dict(zip(t.axes, t.sizes))
+        got = [sizes[a] for a in axes]
+        return math.prod(got) if all(isinstance(v, int) for v in got) else None
+
+    k = fixed(left, low.k_left)
+    return fixed(right, low.n_axes), k if k is not None else fixed(right, low.k_right)
 
 
 # The kernel's leading parameters; then one flat array per epilogue operand, the offset
@@ -270,7 +297,7 @@ KERNEL_HEAD = ["ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "scan_a", "b
 
 def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[Addressing],
                 epilogue: Epilogue, scanned: Sequence[int] = (), checked: Sequence[int] = (),
-                values: bool = False) -> str:
+                values: bool = False, forms: frozenset[int] = ALL_FORMS) -> str:
     """``scan_a``: ``a`` is the left operand in C order, scanned for non-finite values tile by
     tile just before BLAS reads the tile (then from cache); ``scan_b``: ``b`` holds the whole
     right operand, scanned once (both only for operands in ``scanned``). ``checked``: the
@@ -278,7 +305,8 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     contraction's and each step's values too (the output check). The source depends on
     dtypes, layouts and the epilogue only: the micro-kernel form (``atoms._microgemm``;
     ``ints[_I_FORM]``) and whether the tiles run in parallel (``ints[_I_PAR]``) are chosen per
-    call, so one compiled kernel serves every extent. The tiles of a worker are ``work``,
+    call, so one compiled kernel serves every extent; ``forms``: the ``FORM_IDS`` it can be
+    asked for (``kernel_forms``), the only tiles it links. The tiles of a worker are ``work``,
     called in ``prange`` or in a plain loop (no parallel region for a call too small to pay
     for one)."""
     item = 4 if dt == "float32" else 8
@@ -293,6 +321,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     xs = [f"x{j}" for j in range(len(extra_addr))]
     params = ", ".join(KERNEL_HEAD + xs + tables + ["nwork"])
     counting = bool(checked) or scan_left or scan_right or values  # count non-finite values met
+    packing = bool(forms & {2, 3})  # bcast tiles read the right operand packed in panels
     # work(): one worker's tiles; its parameters are the kernel's and what the kernel derives
     wparams = ", ".join(["w", "ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "scan_a", "b", "out",
                          "micro", "m_bp"] + xs + tables + ["nwork"])
@@ -301,10 +330,10 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
          "from numba import njit, prange",
          "from atoms._blas import ext_sgemm as _sgemm, ext_dgemm as _dgemm, ext_sgemv as _sgemv, ext_dgemv as _dgemv",
          vmath.IMPORT,
-         micro.tile_function("dot", dt, import_as="_tile_dot"),
-         micro.tile_function("bcast", dt, import_as="_tile_bcast"),
-         micro.tile_function("bcast", dt, True, import_as="_tile_bcastp"),
-         micro.pack_function(dt, import_as="_pack_right"),
+         *([micro.tile_function("dot", dt, import_as="_tile_dot")] if 1 in forms else []),
+         *([micro.tile_function("bcast", dt, import_as="_tile_bcast")] if 2 in forms else []),
+         *([micro.tile_function("bcast", dt, True, import_as="_tile_bcastp")] if 3 in forms else []),
+         *([micro.pack_function(dt, import_as="_pack_right")] if packing else []),
          *([simd.scan_import(dt)] if scan_left or scan_right else []),
          "", "",
          "@njit(cache=True, nogil=True, error_model='numpy')",
@@ -322,7 +351,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
           "    ntiles = nb * ntm",
           *(["    nf = 0"] if counting else []),
           f"    scratch = np.empty(tm * n, np.{dt})",
-          f"    apk = np.empty({micro.BCAST_MR} * k if form == 3 else 0, np.{dt})",
+          *([f"    apk = np.empty({micro.BCAST_MR} * k if form == 3 else 0, np.{dt})"] if 3 in forms else []),
           "    prm = np.empty(8, np.int32)",
           "    prm[0] = n", "    prm[2] = k", "    prm[3] = ldb",
           "    prm[4] = lda", "    prm[5] = n",
@@ -352,12 +381,12 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
           f"                {gemv}(pch, pprm + (8 if tb else 0), pprm + (0 if tb else 8), psc,",
           f"                       pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item},",
           f"                       pprm + 24, psc + {item}, pscr + i * n * {item}, pprm + 28)",
-          "        elif micro and form == 1:",
-          f"            _tile_dot({micro.TILE_PARAMS['dot']})",
-          "        elif micro and form == 2:",
-          f"            _tile_bcast({micro.TILE_PARAMS['bcast'].replace('apk', 'm_bp')})",
-          "        elif micro and form == 3:",
-          f"            _tile_bcastp({micro.TILE_PARAMS['bcast']})",
+          *(["        elif micro and form == 1:",
+             f"            _tile_dot({micro.TILE_PARAMS['dot']})"] if 1 in forms else []),
+          *(["        elif micro and form == 2:",
+             f"            _tile_bcast({micro.TILE_PARAMS['bcast'].replace('apk', 'm_bp')})"] if 2 in forms else []),
+          *(["        elif micro and form == 3:",
+             f"            _tile_bcastp({micro.TILE_PARAMS['bcast']})"] if 3 in forms else []),
           "        else:",
           f"            {blas}(pch, pch + 1, pprm, pprm + 4, pprm + 8, psc,",
           f"                   pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item}, pprm + 16,",
@@ -390,7 +419,8 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
         L += ["            nf += bad", "    return nf"]
     else:
         L += ["    return 0"]
-    wargs = wparams.replace("m_bp", "bp")
+    # (a prange index is unsigned: as int64 in both loops, work is compiled once, not twice)
+    wargs = "np.int64(w)" + wparams.replace("m_bp", "bp")[1:]
     L += ["", "",
           # parallel=True compiles prange into a parallel region; the plain loop stays serial
           "@njit(cache=True, parallel=True, nogil=True, error_model='numpy')",
@@ -400,11 +430,11 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
           "    nfb = 0"]
     if scan_right:  # the right operand (a bank, typically small) flat, once, before the tiles
         L += ["    if scan_b:", "        nfb = _nonfinite(b, 0, b.size)"]
-    L += ["    if micro == 1 and form >= 2:",  # bcast: the right operand packed in panels first
-          "        bp = _pack_right(b, nb, k, n, sbb, ldb, tb, ints[%d])" % _I_PAR,
-          "    else:",
-          "        bp = bpk",
-          "    counts = np.empty(nwork, np.int64)",
+    L += ["    bp = bpk"]
+    if packing:  # bcast: the right operand packed in panels first
+        L += ["    if micro == 1 and form >= 2:",
+              "        bp = _pack_right(b, nb, k, n, sbb, ldb, tb, ints[%d])" % _I_PAR]
+    L += ["    counts = np.empty(nwork, np.int64)",
           f"    if ints[{_I_PAR}]:",
           "        for w in prange(nwork):",
           f"            counts[w] = work({wargs})",
@@ -496,7 +526,7 @@ def plan_tiles(dims: tuple[int, int, int, int], dt: str, scan_left: bool = False
             ntiles = -(-m // tm)
     else:
         nwork = 1
-    pack_left = form == "bcast" and n >= micro.PACK_LEFT_MIN_PANELS * micro.BCAST_NV * simd.lanes(dt)
+    pack_left = micro.packs_left(form, n, dt)
     return TilePlan(tm, ntiles, form, pack_left, parallel, nwork)
 
 
@@ -519,6 +549,9 @@ def cpu_anchor(request: KernelRequest, low: Lowering, whole: tuple[int, int, int
     extra_addr = [keepdims_addressing(t, out_type, low) for t in epilogue.extra_types]
     scan_left = 0 in scanned
     tiles = plan_tiles(low.dims, dt, scan_left, whole)
+    forms = kernel_forms(*fixed_nk(node, low), dt)
+    if tiles.form_id not in forms:  # (cannot happen for a declared N and K; stay correct if it does)
+        forms = ALL_FORMS
     tm, form, parallel, nwork = tiles.tm, tiles.form, tiles.parallel, tiles.nwork
     ints = np.zeros(_I_ADDR + 3 * (1 + len(extra_addr)), np.int64)
     ints[[_I_NB, _I_M, _I_N, _I_K, _I_TM, _I_FORM, _I_PAR]] = (
@@ -527,11 +560,11 @@ def cpu_anchor(request: KernelRequest, low: Lowering, whole: tuple[int, int, int
     for a, ad in enumerate([out_addr] + extra_addr):
         ints[_I_ADDR + 3 * a:_I_ADDR + 3 * a + 3] = ad.strides
         tables += [tb for tb in ad.tables if tb is not None]
-    label = f"{epilogue.key} scan={scanned} checked={checked}{' values' if values else ''} {dt} out={''.join(k[0] for k in out_addr.kinds)}" + "".join(
+    label = f"{epilogue.key} scan={scanned} checked={checked}{' values' if values else ''} {dt} forms={sorted(forms)} out={''.join(k[0] for k in out_addr.kinds)}" + "".join(
         f" x{j}={''.join(k[0] for k in ad.kinds)}" for j, ad in enumerate(extra_addr))
     register_blas()
     configure_numba_cache()
-    module = load_generated(_cpu_source(label, dt, out_addr, extra_addr, epilogue, scanned, checked, values),
+    module = load_generated(_cpu_source(label, dt, out_addr, extra_addr, epilogue, scanned, checked, values, forms),
                             "contract_cpu")
     kernel = module.kernel
     flatteners = [keepdims_flattener(t, out_type) for t in epilogue.extra_types]

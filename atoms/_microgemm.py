@@ -55,6 +55,15 @@ def choose_form(nb: int, m: int, n: int, k: int, dt: str = "float32") -> str | N
     return None
 
 
+# rows (nb * m) at which choose_form's answer can change for a fixed N and K, and one below
+FORM_ROW_STEPS = (1, BCAST_MIN_ROWS, BCAST_WIDE_MIN_ROWS)
+
+
+def packs_left(form: str | None, n: int, dt: str) -> bool:
+    """Whether a ``form`` tile over ``n`` columns copies its left rows first (``PACK_LEFT_MIN_PANELS``)."""
+    return form == "bcast" and n >= PACK_LEFT_MIN_PANELS * BCAST_NV * simd.lanes(dt)
+
+
 def rows_per_block(form: str) -> int:
     return DOT_MR if form == "dot" else BCAST_MR
 

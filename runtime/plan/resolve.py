@@ -31,7 +31,8 @@ def resolve_nodes(program: Program, specs: Sequence[AtomSpec], binding_types: Ma
         out = _unify(declared, inferred, dims, ins.output_slot, program.slot_index(ins.output_slot))
         types[ins.output_slot] = out
         nodes.append(Node(i, ins.instruction_id, spec, ins.attributes, ins.input_slots, ins.output_slot,
-                          tuple(operands), out, path))
+                          tuple(operands), out, path,
+                          declared_inputs=tuple(program.slot(s).value_type for s in ins.input_slots)))
     return nodes, dims, types
 
 

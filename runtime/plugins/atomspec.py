@@ -94,6 +94,9 @@ class Node:
     # resolved for the whole run's extents. A kernel that picks its algorithm by extents picks
     # it by the whole's, so that every slice computes each element as the whole run would.
     whole: "Node | None" = None
+    # the operands' types as the program declares them (sizes may be symbols): what stays fixed
+    # for every extent. Empty for nodes the planner inserts: every extent counts as variable.
+    declared_inputs: tuple[TensorType, ...] = ()
 
 
 class InferContext:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 
+import attrs
 import numpy as np
 import pytest
 
@@ -68,3 +69,63 @@ def test_the_kernel_source_does_not_depend_on_the_plan():
     params = inspect.signature(_gemm._cpu_source).parameters
     assert not {"tm", "form", "parallel", "nwork", "pack_left", "tiles"} & set(params)
     assert np.array_equal(sorted(_gemm.FORM_IDS.values()), np.arange(len(_gemm.FORM_IDS)))
+
+
+# N and K around every threshold of choose_form and of the left packing
+_NK = sorted({1, 7, 16, 31, 32, 33, 63, 64, 65, 255, 256, 257, 512, 1024, 4096}
+             | {micro.BCAST_MAX_K, micro.BCAST_MAX_K + 1, micro.BCAST_MIN_N - 1, micro.BCAST_MIN_N,
+                micro.DOT_MAX_N, micro.DOT_MAX_N + 1, micro.DOT_MIN_K - 1, micro.DOT_MIN_K})
+_ROWS = (1, 4, 5, 6, 31, 32, 33, 100, 255, 256, 257, 2048)
+
+
+@pytest.mark.parametrize("dt", ["float32", "float64"])
+def test_a_kernel_links_every_form_its_declared_n_and_k_can_reach(dt):
+    """kernel_forms(n, k) bounds plan_tiles' form for every M and batch (and for the slices of
+    a chunked run): a plan asking for a tile its kernel did not link would fall back to BLAS."""
+    for n, k in itertools.product(_NK, _NK):
+        forms = _gemm.kernel_forms(n, k, dt)
+        assert _gemm.FORM_IDS[None] in forms
+        reached = set()
+        for nb, m in itertools.product((1, 3), _ROWS):
+            plan = _gemm.plan_tiles((nb, m, n, k), dt, threads=2)
+            reached.add(plan.form_id)
+            part = _gemm.plan_tiles((1, max(1, m // 3), n, k), dt, whole=(nb, m, n, k), threads=2)
+            reached.add(part.form_id)
+        assert reached <= forms, (n, k)
+        assert forms - reached <= {_gemm.FORM_IDS[None]}, (n, k)  # and no form it cannot reach
+
+
+def test_an_extent_that_varies_links_every_form():
+    assert _gemm.kernel_forms(None, 64, "float32") == _gemm.ALL_FORMS
+    assert _gemm.kernel_forms(64, None, "float32") == _gemm.ALL_FORMS
+
+
+def test_declared_extents_reach_the_kernel_and_symbols_stay_variable():
+    """The seed declares Din, R and Dout as ints: its x·Aᵀ has N = 32, K = 1024 in every run.
+    A symbol-sized axis (here S, as N of qᵀ·x-like products) is None."""
+    import json
+    from pathlib import Path
+
+    import runtime
+    from runtime.plan.resolve import resolve_nodes
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "seed-lora-silu.program.json").read_text()
+    exe = runtime.compile(json.loads(text), "reference")
+    dims = {"B": 2, "S": 5}
+    nodes, _, _ = resolve_nodes(exe.program, exe.specs, exe._binding_types(dims, {}), dims)
+    contracts = [n for n in nodes if n.atom.name == "contract"]
+    assert [_gemm.fixed_nk(n, _gemm.lower(*n.input_types, n.attributes["reduce_axes"])) for n in contracts] \
+        == [(32, 1024), (1024, 32)]
+    symbolic = _declared_by_symbol(contracts[0], "Din")  # K, declared on both operands
+    assert _gemm.fixed_nk(symbolic, _gemm.lower(*symbolic.input_types, symbolic.attributes["reduce_axes"])) \
+        == (32, None)
+    inserted = attrs.evolve(contracts[0], declared_inputs=())  # a node the planner inserts
+    assert _gemm.fixed_nk(inserted, _gemm.lower(*inserted.input_types, inserted.attributes["reduce_axes"])) \
+        == (None, None)
+
+
+def _declared_by_symbol(node, axis: str):
+    """``node`` as if the program declared ``axis`` by a symbol of the same name."""
+    return attrs.evolve(node, declared_inputs=tuple(
+        t.evolve(sizes=tuple(axis if a == axis else s for a, s in zip(t.axes, t.sizes)))
+        for t in node.declared_inputs))
