@@ -212,6 +212,12 @@ def kernel(kind: str, itemsize: int, parallel: bool) -> Callable:
     return found
 
 
+def warm(kind: str, itemsize: int) -> None:
+    """Build both variants of a copy (``Kernel.warm``): extents choose between them per call."""
+    kernel(kind, itemsize, False)
+    kernel(kind, itemsize, True)
+
+
 EXPONENT_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000, "float64": 0x7FF0000000000000}
 
 

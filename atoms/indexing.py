@@ -28,6 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, every_axis
+from runtime.kernels.codegen import warm_twins
 from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to
@@ -310,6 +311,12 @@ def _cpu(node: Node):
         bad = kernel(src, soff, sstr, sax, idx.view(np.int64), ioff, istr, bound, dst, 0, dstr, dax, shape, ntask)
         if bad:  # only reachable when check_values was skipped: re-run it for the precise error
             CHECKS[name](node, [inputs[k] if k == idx_k else None for k in range(len(inputs))])
+
+    def warm() -> None:
+        _copy.warm("indexed", item)
+        if base_k is not None:
+            _copy.warm("strided", item)
+    run.warm = warm
     return run
 
 
@@ -449,6 +456,7 @@ def _cpu_scatter_add(node: Node):
                      _i64([uoff, ioff, 0]), uj, ij, oax, n, bound, r.count)
         if bad:  # only reachable when check_values was skipped: re-run it for the precise error
             _check_gather(node, [None, inputs[1]])
+    run.warm = lambda: warm_twins(scatter_add_serial, scatter_add_parallel)
     return run
 
 

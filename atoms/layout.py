@@ -298,7 +298,7 @@ def mover_cpu(make_moves: Callable[[Node, Sequence[tuple[int, ...]]], list[Move]
                 flat, origin, _ = views[src]
                 found += kernel(flat, origin + soff, sstr, dst, doff, dstr, shape, mask, ntask)
             return found
-        return plain_kernel(run, Counts(inputs=tuple(checked)))
+        return plain_kernel(run, Counts(inputs=tuple(checked)), warm=lambda: _copy.warm("strided", item))
     return factory
 
 

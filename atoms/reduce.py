@@ -17,6 +17,7 @@ from numba import prange
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, every_axis
 from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel, plain_kernel
 from runtime.core.errors import fail
+from runtime.kernels.codegen import warm_twins
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 from runtime.kernels.vmath import vexp
 
@@ -185,9 +186,14 @@ def _compile_variants(cache: dict[str, object], task, serial, parallel, task_glo
     return cache
 
 
-def _cpu_kernel(parallel: bool):
+def _cpu_kernels() -> tuple[object, object]:
+    """The serial and parallel sum drivers."""
     variants = _compile_variants(_jitted, _sum_task, _sum_serial, _sum_parallel, "_sum_task_jit")
-    return variants["parallel" if parallel else "serial"]
+    return variants["serial"], variants["parallel"]
+
+
+def _cpu_kernel(parallel: bool):
+    return _cpu_kernels()[parallel]
 
 
 def _split(node: Node) -> tuple[int, int, int]:
@@ -233,7 +239,7 @@ def _cpu(request: KernelRequest) -> Kernel:
         flat = out.reshape(-1)
         kernel(x.reshape(-1), flat, outer, k, inner, block, ntask)
         return scan(flat, 0, size) if scan is not None else 0
-    return plain_kernel(run, counts)
+    return plain_kernel(run, counts, warm=lambda: warm_twins(*_cpu_kernels()))
 
 
 def _cuda(node: Node):
@@ -382,6 +388,7 @@ def _cpu2(node: Node):
             summed(inputs, (), out)
             if mode == "mean":
                 np.divide(out, out.dtype.type(k), out=out)
+        run_sum.warm = summed.warm
         return run_sum
     parallel = outer * k * inner >= PARALLEL_MIN_WORK
     kernel = _extreme_kernel(parallel)
@@ -395,6 +402,7 @@ def _cpu2(node: Node):
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         x = cg.contiguous(inputs[0])
         kernel(x.reshape(-1), out.reshape(-1), outer, k, inner, logsumexp, ntask)
+    run.warm = lambda: warm_twins(_extreme_kernel(False), _extreme_kernel(True))
     return run
 
 

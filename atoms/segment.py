@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except
+from runtime.kernels.codegen import warm_twins
 from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to
@@ -240,6 +241,7 @@ def _cpu_segment(node: Node):
         r, along = args
         kernel(views[0][0].view(dt), views[1][0].view(np.int64), views[2][0], out.reshape(-1), r.shape,
                r.strides, _i64([views[0][1], views[1][1], views[2][1], 0]), *along, n, count, mode, rows, ntask)
+    run.warm = lambda: warm_twins(segment_serial, segment_parallel)
     return run
 
 

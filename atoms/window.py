@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, no_axis
+from runtime.kernels.codegen import warm_twins
 from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import fail, json_kind
 from runtime.core.types import NAME_RE, TensorType
@@ -171,6 +172,7 @@ def _cpu_window(node: Node):
             args = prepared[strides] = (kernel, r, along)
         kernel, r, (vs, op, ok) = args
         kernel(src, out_bits(out), r.shape, r.strides, _i64([off, 0]), vs, op, ok, *geometry, r.count)
+    run.warm = lambda: warm_twins(window_serial, window_parallel)
     return run
 
 
