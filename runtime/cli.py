@@ -153,6 +153,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--check-outputs", action="store_true",
                    help="fail (nonfinite, with the instruction's path) when any instruction output "
                         "holds NaN or ±inf (SPEC §3b.3 item 2)")
+    c.add_argument("--no-fill-cache", action="store_true",
+                   help="when the result came from the reference kernels, do not leave a "
+                        "`formula compile` process filling the cache for the next run")
     chunks(c)
     dims(c)
     random(c)
@@ -346,21 +349,55 @@ def _run(args) -> int:
     if args.out:
         with open(args.out, "wb") as f:  # an open file keeps np.savez from appending ".npz"
             np.savez(f, **{slot: np.asarray(v) for slot, v in result.items()})
+    filler = None
+    if result.tier != args.backend and not args.no_fill_cache:
+        filler = _fill_cache(args, exe.program, inputs, banks, dims)
     if args.json:
         _emit(args, True, backend=args.backend, tier=result.tier, dims=dims, ms=round(elapsed, 3), out=args.out,
-              outputs={slot: array_stats(np.asarray(v)) for slot, v in result.items()})
+              outputs={slot: array_stats(np.asarray(v)) for slot, v in result.items()}, filling_cache=filler)
         return 0
     for slot, value in result.items():
         print(describe_array(slot, np.asarray(value)))
     if result.tier != args.backend:  # tiered: the backend's kernels were still compiling
         print(f"time          {elapsed:.3f} ms (on the {result.tier} kernels while the {args.backend} ones "
               f"compile; `formula compile` fills the cache ahead of time)")
+        if filler is not None:
+            print(f"cache         process {filler} compiles the {args.backend} kernels for the next run "
+                  f"(`--no-fill-cache` to skip)")
     else:
         print(f"time          {elapsed:.3f} ms (first run on {args.backend}: includes planning and "
               f"loading or compiling kernels)")
     if args.out:
         print(f"wrote         {args.out}")
     return 0
+
+
+def _fill_cache(args, program, inputs, banks, dims: dict[str, int]) -> int | None:
+    """Start ``formula compile`` for this run's extents and dtype as a process of its own that
+    outlives this one (the tiered run's background thread dies with it), so that the next
+    ``formula run`` of the program finds its kernels in the cache. Its pid, or None when the
+    extents or the dtype cannot be told from the run (a symbol fixed only by a bank store)."""
+    import subprocess
+
+    dims = dict(dims)
+    floating = set()
+    for b in program.bindings:
+        value = (inputs if b.kind == "input" else banks if isinstance(banks, dict) else {}).get(b.name)
+        if isinstance(value, np.ndarray) and value.ndim == b.value_type.rank:
+            for size, extent in zip(b.value_type.sizes, value.shape):
+                if isinstance(size, str):
+                    dims.setdefault(size, extent)
+            if b.value_type.dtype == "floating":
+                floating.add(value.dtype.name)
+    symbols = {s for b in program.bindings for s in b.value_type.sizes if isinstance(s, str)}
+    if not symbols <= set(dims) or len(floating) > 1 or not floating <= {"float32", "float64"}:
+        return None
+    command = [sys.executable, "-m", "runtime.cli", "compile", str(Path(args.program).resolve()),
+               "--backend", args.backend, "--dtype", floating.pop() if floating else "float32",
+               *(f"--dim={s}={e}" for s, e in sorted(dims.items()))]
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    return child.pid
 
 
 def _compile(args) -> int:

@@ -258,9 +258,16 @@ def test_store_object_resolves_banks_and_foreign_errors_are_wrapped(prog):
 @pytest.mark.parametrize("size", [3, 100, 5000, (1 << 18) + 7])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("layout", ["C", "F", "strided"])
-def test_finiteness_scan_finds_one_bad_value_in_every_size_regime(size, dtype, layout):
+@pytest.mark.parametrize("built", [True, False], ids=["scan built", "numpy until built"])
+def test_finiteness_scan_finds_one_bad_value_in_every_size_regime(size, dtype, layout, built, monkeypatch):
     from runtime.execution.bindings import _all_finite
+    from runtime.kernels import finite
     from runtime.kernels.finite import PARALLEL_MIN, SMALL
+
+    if built:
+        finite.prepare({np.dtype(dtype).name})
+    else:
+        monkeypatch.setattr(finite, "_ready", set())
 
     assert SMALL < 100 and 5000 < PARALLEL_MIN < (1 << 18) + 8  # the sizes cover each path
     base = np.ones((size, 2), dtype)
@@ -334,3 +341,22 @@ def test_the_fast_path_takes_equal_dtypes_that_are_distinct_objects(prog, monkey
     assert len(full) == 1 and other.structure is again.structure and other.values["x"] is x
     binder.bind({**inputs, "x": inputs["x"][:1], "idx": inputs["idx"][:1]}, banks)  # B = 1: the full path
     assert len(full) == 2
+
+
+def test_the_reference_backend_builds_no_compiled_scan(monkeypatch):
+    """The oracle is plain NumPy, and the first run of a tiered executable runs on it while
+    the compiled kernels build: the finiteness checks must not wait for a Numba compile."""
+    import runtime
+    from runtime.kernels import finite
+
+    monkeypatch.setattr(finite, "_ready", set())
+    b = __import__("runtime.build", fromlist=["ProgramBuilder"]).ProgramBuilder()
+    program = b.build(outputs=[b.op("scalar-map", [b.input("x", {"T": "T"})], {"mode": "silu"})])
+    x = np.ones(1 << 12, np.float32)
+    assert runtime.compile(program, "reference").run(inputs={"x": x})
+    assert finite._ready == set()
+    with pytest.raises(runtime.FormulaError) as err:
+        runtime.compile(program, "reference").run(inputs={"x": np.where(x > 0, np.nan, x)})
+    assert err.value.code == "nonfinite" and finite._ready == set()
+    runtime.compile(program, "cpu", tiered=False).run(inputs={"x": x})
+    assert finite._ready == {"float32"}  # a compiled backend builds it with its plan

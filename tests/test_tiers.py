@@ -81,6 +81,24 @@ def test_specialisations_count_compilations():
 
 
 # --- tiered execution --------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def own_ready_markers(monkeypatch, tmp_path):
+    """Each test its own readiness markers: another test's compiled and warmed plan of the
+    same program would otherwise send a tiered run straight to the cpu kernels."""
+    from runtime.execution import executor
+
+    def marker(key: str):
+        return tmp_path / "ready" / key.replace("|", "_").replace("/", "_")[:200]
+
+    def mark(key: str) -> None:
+        marker(key).parent.mkdir(exist_ok=True)
+        marker(key).touch()
+
+    monkeypatch.setattr(executor, "ready_marker", marker)
+    monkeypatch.setattr(executor, "mark_ready", mark)
+    return marker
+
+
 @pytest.fixture
 def gated(monkeypatch):
     """Background plan builds wait for ``gate.set()``, so a test decides when the switch is."""
@@ -124,6 +142,20 @@ def test_a_new_extent_of_a_compiled_plan_runs_compiled_at_once(gated):
     exe.wait_compiled()
     inputs, banks = _seed(11)
     result = exe.run(inputs=inputs, banks=banks)
+    assert result.tier == "cpu"
+    _close(result, inputs, banks)
+
+
+def test_a_plan_warmed_once_is_loaded_at_once_by_the_next_tiered_executable(own_ready_markers):
+    """Once a plan of these dtypes compiled and warmed (here, or in `formula compile`), its
+    kernels are in the disk cache: a new process's tiered run loads them in the foreground."""
+    inputs, banks = _seed(9)
+    assert runtime.compile(SEED, "cpu", tiered=True).run(inputs=inputs, banks=banks).tier == "reference"
+    warmed = runtime.compile(SEED, "cpu", tiered=False)
+    warmed.run(inputs=inputs, banks=banks)
+    warmed.warm()
+    assert list(own_ready_markers("x").parent.iterdir())
+    result = runtime.compile(SEED, "cpu", tiered=True).run(inputs=inputs, banks=banks)
     assert result.tier == "cpu"
     _close(result, inputs, banks)
 
@@ -275,3 +307,59 @@ def test_formula_cache_info_and_clear_touch_only_the_caches_files(capsys, tmp_pa
     assert doc["removed_files"] == 4 and doc["files"] == 0
     assert sorted(p.name for p in root.rglob("*") if p.is_file()) == ["mine.py", "notes.txt"]
     assert not (root / "generated" / "__pycache__").exists()
+
+
+# --- a one-shot `formula run` leaves the cache filled -------------------------------------------
+def _tiny_program() -> dict:
+    from runtime.build import ProgramBuilder
+
+    b = ProgramBuilder()
+    x = b.input("x", {"T": "T", "D": 8})
+    return b.build(outputs=[b.op("scalar-map", [b.op("scalar-map", [x], {"mode": "silu"})], {"mode": "tanh"})])
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie counts: this container's init may not reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _cli_run(path, cache, *extra):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("FORMULA_TIERED", "NUMBA_CACHE_DIR")}
+    env["FORMULA_CACHE_DIR"] = str(cache)
+    proc = subprocess.run([sys.executable, "-m", "runtime.cli", "run", str(path), "--random", "--dim", "T=6",
+                           "--json", *extra], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="waits on the child through /proc")
+def test_a_one_shot_run_leaves_a_process_filling_the_cache_for_the_next_run(tmp_path):
+    import time
+
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(_tiny_program()))
+    first = _cli_run(path, tmp_path / "cache")
+    assert first["tier"] == "reference" and isinstance(first["filling_cache"], int)
+    deadline = time.monotonic() + 300
+    while not _gone(first["filling_cache"]):
+        assert time.monotonic() < deadline, "the cache filler did not finish"
+        time.sleep(0.2)
+    second = _cli_run(path, tmp_path / "cache")
+    assert second["tier"] == "cpu" and second["filling_cache"] is None
+    assert second["outputs"] == first["outputs"] or all(  # the same values, within the tiers' tolerance
+        abs(second["outputs"][s]["mean"] - first["outputs"][s]["mean"]) < 1e-5 for s in first["outputs"])
+
+
+def test_no_fill_cache_leaves_no_process(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(_tiny_program()))
+    got = _cli_run(path, tmp_path / "cache", "--no-fill-cache")
+    assert got["tier"] == "reference" and got["filling_cache"] is None

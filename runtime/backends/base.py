@@ -56,3 +56,11 @@ class Backend:
     def synchronize(self) -> None:
         pass
 
+    def prepare(self, float_dtypes: set[str]) -> None:
+        """Build what runs with float bindings of these dtypes use besides the plan's kernels
+        (called when a plan is built, so in the background for tiered runs): the compiled
+        finiteness scan of SPEC §4. Until it is built, NumPy checks instead."""
+        from runtime.kernels import finite
+
+        finite.prepare(float_dtypes)
+

@@ -24,7 +24,7 @@ from runtime.plugins.kernel import Kernel, KernelRequest
 from runtime.backends.base import Backend
 from runtime.kernels.arrays import is_device_array
 from runtime.execution.bindings import Binder, BoundValues, bind_values, load_resident, value_is_finite
-from runtime.kernels.codegen import heal_numba_cache
+from runtime.kernels.codegen import heal_numba_cache, mark_ready, ready_marker
 from runtime.execution.driver import Driver, build_driver
 from runtime.core.errors import FormulaError, did_you_mean, fail
 from runtime.plan.memory import memory_limit as runtime_memory_limit, no_memory_error
@@ -212,9 +212,11 @@ class Executable:
         axes compile nothing. Tiered executables do it in the background."""
         self.wait_compiled()
         with self._plans_lock:
-            compiled = list(self._plans.values())
-        for c in compiled:
+            compiled = list(self._plans.items())
+        for key, c in compiled:
             c.warm()
+            if not key[3] and key[4] is None:  # a whole unchecked plan: what tiered runs take
+                mark_ready(_Tiers.ready_key(self, dict(key[1]), key[2]))
 
     # --- planning -----------------------------------------------------------------------
     @no_memory_error
@@ -301,6 +303,7 @@ class Executable:
         """Kernels for these extents; none counts the non-finite values of ``resident``
         banks (checked when loaded). ``check_outputs``: every instruction output is checked."""
         plan, types, binding_types = self._schedule(dims, dtypes, check_outputs=check_outputs, whole=whole)
+        self.backend.prepare({t.dtype for t in binding_types.values()})
         binding_slots = set(binding_types)
         unclaimed = {n for n, t in binding_types.items() if t.dtype in FLOAT_DTYPES} - resident
         launches, upfront = [], []
@@ -822,6 +825,7 @@ class _Tiers:
     A thread rather than a worker process: Numba releases no GIL while it compiles, but the
     reference runs meanwhile spend their time in NumPy, which does; and a process would have to
     rebuild the registry and the plan, then still load every kernel from the disk cache here.
+    A plan whose kernels the disk cache holds (its readiness marker) is built in the foreground.
     """
 
     def __init__(self, exe: Executable):
@@ -830,6 +834,13 @@ class _Tiers:
         self._pending: dict[tuple, threading.Thread] = {}
         self._errors: dict[tuple, FormulaError] = {}
         self._fallback: Executable | None = None
+
+    @staticmethod
+    def ready_key(exe: "Executable", dtypes: Mapping[str, str], resident: frozenset) -> str:
+        """What the kernels of a whole, unchecked plan depend on besides layouts: the program,
+        the backend, the dtypes and which banks are resident (``codegen.ready_marker``)."""
+        return "|".join([exe.program.fingerprint, exe.backend.name, repr(sorted(dtypes.items())),
+                         repr(sorted(resident))])
 
     @staticmethod
     def _key(dims, dtypes, resident) -> tuple:
@@ -850,7 +861,8 @@ class _Tiers:
             known = compiled is None and any(k[1:] == key[1:] for k in exe._plans)
         if compiled is not None:
             return compiled
-        if known:
+        if known or ready_marker(self.ready_key(exe, dtypes, resident)).is_file():
+            # (kernels of these dtypes are in the disk cache: loading them beats the reference tier)
             return exe._compiled(dict(bound.dims), dtypes, resident)
         with self._lock:
             error = self._errors.get(key)
@@ -859,11 +871,18 @@ class _Tiers:
             if key not in self._pending:
                 values = {name: np.array(v, copy=True) if name not in bound.resident else v
                           for name, v in bound.values.items()}  # the caller may change its arrays
-                thread = threading.Thread(target=self._compile, name="formula-compile", daemon=True,
-                                          args=(key, dict(bound.dims), dtypes, resident, bound, values))
-                self._pending[key] = thread
-                thread.start()
+                # started once this run is done (fallback_run): Numba holds the GIL while it
+                # compiles, which would hold up the reference run the caller is waiting for
+                self._pending[key] = threading.Thread(
+                    target=self._compile, name="formula-compile", daemon=True,
+                    args=(key, dict(bound.dims), dtypes, resident, bound, values))
         return None
+
+    def _start_pending(self) -> None:
+        with self._lock:
+            for thread in self._pending.values():
+                if thread.ident is None:
+                    thread.start()
 
     def _compile(self, key, dims, dtypes, resident, bound, values) -> None:
         exe = self._exe
@@ -877,6 +896,7 @@ class _Tiers:
                 finally:
                     compiled.release_arena(arena)
             compiled.warm()
+            mark_ready(self.ready_key(exe, dtypes, resident))
         except FormulaError as exc:
             with self._lock:
                 self._errors[key] = exc
@@ -902,9 +922,13 @@ class _Tiers:
                     exe = self._exe
                     self._fallback = Executable(exe.program, "reference", exe.registry, exe.memory_limit,
                                                 tiered=False)
-        return self._fallback.run(inputs=inputs, banks=banks, trace=trace, out=out)
+        try:
+            return self._fallback.run(inputs=inputs, banks=banks, trace=trace, out=out)
+        finally:
+            self._start_pending()
 
     def wait(self, timeout: float | None) -> bool:
+        self._start_pending()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._lock:

@@ -154,9 +154,29 @@ def configure_numba_cache() -> None:
         os.environ["NUMBA_CACHE_DIR"] = path
 
 
+READY = "ready"  # the cache's folder of readiness markers (ready_marker)
+
+
+def ready_marker(key: str) -> Path:
+    """The file saying that every kernel (and variant) of the plans keyed by ``key`` is in the
+    cache: a tiered run that finds it loads them in the foreground instead of running on the
+    reference kernels first (see ``runtime.execution.executor._Tiers``)."""
+    return cache_dir() / READY / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def mark_ready(key: str) -> None:
+    """Write ``ready_marker(key)``; a cache that cannot be written just stays unmarked."""
+    path = ready_marker(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError:
+        pass
+
+
 def _own_files(root: Path) -> tuple[list[Path], list[Path]]:
-    """(generated sources and their bytecode, Numba entries) of the cache at ``root``: the
-    only files ``formula cache clear`` removes."""
+    """(generated sources, their bytecode and readiness markers; Numba entries) of the cache
+    at ``root``: the only files ``formula cache clear`` removes."""
     generated = []
     folder = root / "generated"
     if folder.is_dir():
@@ -164,6 +184,8 @@ def _own_files(root: Path) -> tuple[list[Path], list[Path]]:
         pycache = folder / "__pycache__"
         if pycache.is_dir():
             generated += [p for p in pycache.glob("_formula_*.pyc") if p.is_file()]
+    if (root / READY).is_dir():
+        generated += [p for p in (root / READY).iterdir() if p.is_file() and len(p.name) == 32]
     numba_dir = _numba_dir(root)
     entries = []
     if numba_dir.is_dir():

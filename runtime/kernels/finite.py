@@ -45,9 +45,22 @@ def _kernel():
     return kernel
 
 
+_BITS = {"float32": np.uint32, "float64": np.uint64}
+_ready: set[str] = set()  # the float dtypes whose scan is built in this process
+
+
+def prepare(float_dtypes) -> None:
+    """Build (compile, or load from the disk cache) the scan of each of these dtypes."""
+    for name in sorted(set(float_dtypes) & set(_BITS) - _ready):
+        bits = _BITS[name]
+        _kernel()(np.zeros(SMALL, bits), bits(0), 1)
+        _ready.add(name)
+
+
 def all_finite(a: np.ndarray) -> bool | None:
-    """True/False for contiguous float32/float64 arrays, None when NumPy should decide."""
-    if a.dtype.char not in "fd" or a.size < SMALL:
+    """True/False for contiguous float32/float64 arrays, None when NumPy should decide: also
+    while the scan of the dtype is not built (``prepare``), which a first run must not wait for."""
+    if a.dtype.char not in "fd" or a.size < SMALL or a.dtype.name not in _ready:
         return None
     if not (a.flags.c_contiguous or a.flags.f_contiguous):
         return None
