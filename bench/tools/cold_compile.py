@@ -1,7 +1,10 @@
-"""Seconds from an empty kernel cache to the seed's first result, untiered, in this process
-(imports excluded): what a deployment without `formula compile` pays once per shape set.
+"""Seconds from an empty kernel cache to the first result, untiered, in this process (imports
+excluded): what a deployment without `formula compile` pays once per program and dtypes.
 
-    python bench/tools/cold_compile.py 256
+    python bench/tools/cold_compile.py 256          # the seed at T=256
+    python bench/tools/cold_compile.py block 512    # the transformer block (D=512, 8 heads, MLP 2048) at S=512
+
+Run it in each tree to compare (it imports the runtime from the current directory).
 """
 import os
 import sys
@@ -12,10 +15,25 @@ os.environ["FORMULA_CACHE_DIR"] = tempfile.mkdtemp(prefix="formula-cold-")
 os.environ["FORMULA_TIERED"] = "0"
 sys.path.insert(0, os.getcwd())
 
-from bench.contenders import prepare_seed  # noqa: E402
-from bench.programs import seed_data, seed_program  # noqa: E402
+args = sys.argv[1:]
+if args and args[0] == "block":
+    from bench import transformer  # noqa: E402
 
-tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 256
-t0 = time.perf_counter()
-prepare_seed("cpu", seed_program("float32"), seed_data(tokens, "float32"))()
-print(f"seed T={tokens}: compile and first run from an empty cache {time.perf_counter() - t0:.1f} s")
+    import runtime  # noqa: E402
+
+    tokens = int(args[1]) if len(args) > 1 else 512
+    dims = {"D": 512, "H": 8, "Dh": 64, "F": 2048}
+    program = transformer.transformer_block_program(full=True, dims=dims)
+    data = transformer.transformer_block_data(tokens, full=True, dims=dims)
+    t0 = time.perf_counter()
+    runtime.compile(program, "cpu", tiered=False).run(**data)
+    what = f"block S={tokens}"
+else:
+    from bench.contenders import prepare_seed  # noqa: E402
+    from bench.programs import seed_data, seed_program  # noqa: E402
+
+    tokens = int(args[0]) if args else 256
+    t0 = time.perf_counter()
+    prepare_seed("cpu", seed_program("float32"), seed_data(tokens, "float32"))()
+    what = f"seed T={tokens}"
+print(f"{what}: compile and first run from an empty cache {time.perf_counter() - t0:.1f} s")
