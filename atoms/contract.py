@@ -162,6 +162,6 @@ SPECS = [
              attributes=frozenset({"reduce_axes", "output_axes", "accumulation_dtype"}),
              infer=infer_contract,
              kernels={"reference": node_kernel(_ref), "cpu": cpu_anchor, "cuda": cuda_anchor},
-             anchors=frozenset({"cpu", "cuda"}), free_axes=free_contract,
+             anchors=frozenset({"cpu", "cuda"}), free_axes=free_contract, role="contraction",
              summary="sum over reduced axis pairs by name (batched GEMM; anchors epilogues)"),
 ]

@@ -238,6 +238,6 @@ SPECS = [
              dtypes={"logits": "floating", "mask": "boolean"},
              attributes=frozenset({"axis", "accumulation_dtype"}), infer=infer_masked_softmax,
              kernels={"reference": node_kernel(_reference), "cpu": _cpu, "cuda": node_kernel(_cuda)},
-             free_axes=axes_except("axis"),
+             free_axes=axes_except("axis"), role="masked-softmax",
              summary="stable softmax over visible entries along an axis; masked entries 0"),
 ]

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from runtime.plan import attention
 from runtime.plugins.atomspec import Node, ScalarOp
 from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
 from runtime.core.types import TensorType
@@ -41,10 +42,23 @@ class Group:
         return tuple(dict.fromkeys(own + self.epilogue.extra_slots))
 
     @property
+    def rewritten(self) -> bool:
+        """Whether the anchor is a planner-made node that replaces ``nodes`` (fused attention)."""
+        return self.anchor is not None and self.anchor not in self.nodes
+
+    @property
+    def kernel_nodes(self) -> tuple[Node, ...]:
+        """The nodes whose kernels run: the planner-made anchor alone for a rewrite."""
+        return (self.anchor,) if self.rewritten else self.nodes
+
+    @property
     def kind(self) -> str:
-        """'single' (one node, its own kernel), 'anchor+epilogue' or 'elementwise chain'."""
+        """'single' (one node, its own kernel), 'anchor+epilogue', 'elementwise chain', or the
+        planner-made anchor's atom (e.g. 'fused-attention')."""
         if self.anchor is None:
             return "elementwise chain"
+        if self.rewritten:
+            return self.anchor.atom.name
         return "single" if self.epilogue.empty else "anchor+epilogue"
 
     @property
@@ -63,13 +77,26 @@ class Group:
         return f"{names} [{', '.join(n.instruction_id for n in self.nodes)}]"
 
 
-def make_groups(nodes: Sequence[Node], outputs: Sequence[str], backend: str, fuse: bool) -> list[Group]:
-    """Kernel groups in run order (each at the position of its last node)."""
+def make_groups(nodes: Sequence[Node], outputs: Sequence[str], backend: str, fuse: bool,
+                rewrite: bool = True) -> list[Group]:
+    """Kernel groups in run order (each at the position of its last node). With ``fuse`` and
+    ``rewrite``, attention patterns become one planner-made node (runtime.plan.attention)."""
     readers = Counter(s for n in nodes for s in n.input_slots)  # operand uses, not nodes
-    outputs = set(outputs)
     groups: list[Group] = []
     by_output: dict[str, int] = {}  # open groups: current output slot -> index in groups
+    rewrites = {}  # index of a pattern's last node -> (the nodes it replaces, the fused node)
+    for replaced, fused in (attention.find(nodes, outputs, backend) if fuse and rewrite else ()):
+        rewrites[replaced[-1].index] = (replaced, fused)
+    skipped = {n.index for replaced, _ in rewrites.values() for n in replaced}
+    outputs = set(outputs)
     for node in nodes:
+        if node.index in rewrites:
+            replaced, fused = rewrites[node.index]
+            by_output[node.output_slot] = len(groups)  # no epilogue joins it (it anchors none)
+            groups.append(Group(fused, EMPTY_EPILOGUE, replaced, node.output_slot, node.output_type))
+            continue
+        if node.index in skipped:
+            continue
         op = _scalar_op(node) if fuse else None
         target = _fusable_operand(node, by_output, groups, readers, outputs, backend) if op else None
         if target is None:

@@ -157,12 +157,13 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
     the runtime's own ceiling (:mod:`runtime.plan.memory`), enforced like ``max_working_bytes``.
     ``keep_fused_operands``: no fused group of several nodes writes over an operand in place,
     so its operands are still there after it ran (the output check replays such a group to
-    find the instruction that made a non-finite value)."""
+    find the instruction that made a non-finite value), and no planner rewrite replaces nodes
+    (runtime.plan.attention)."""
     slot_index = slot_index or {}
     types = dict(binding_types)
     types.update({n.output_slot: n.output_type for n in nodes})
     sizes = {slot: _check_tensor(slot, t, limits, _slot_path(slot, slot_index)) for slot, t in types.items()}
-    groups = make_groups(nodes, outputs, backend, fuse)
+    groups = make_groups(nodes, outputs, backend, fuse, rewrite=not keep_fused_operands)
     last_read: dict[str, int] = {}
     for gi, g in enumerate(groups):
         for s in g.input_slots:
@@ -191,7 +192,7 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
     plan = Plan(dict(dims), tuple(groups), buffers, peak, sum(b.nbytes for b in temporaries),
                 sum(b.nbytes for b in buffers.values() if b.kind in ("input", "bank")),
                 sum(b.nbytes for b in buffers.values() if b.kind == "output"), limits.max_working_bytes,
-                backend, bool(fuse), kernel_scratch(nodes, backend))
+                backend, bool(fuse), kernel_scratch([n for g in groups for n in g.kernel_nodes], backend))
     if enforce and not plan.fits:
         fail("limit_exceeded", "$.limits.max_working_bytes",
              f"the working set needs {plan.working_bytes} bytes (bindings {plan.binding_bytes} + "

@@ -68,6 +68,11 @@ class AtomSpec:
     # (runtime.plan.freeaxes). None: no axis is free (the default for plugin atoms).
     free_axes: Callable[["Node"], frozenset[str]] | None = None
     summary: str = ""
+    # what the atom computes, for planner rewrites that recognise a pattern across atoms
+    # (runtime.plan.attention): "contraction" (contract's reduce_axes/output_axes semantics),
+    # "masked-softmax" (an ``axis`` attribute, operands logits and mask). None: no rewrite
+    # looks at it. An atom declaring a role promises those semantics exactly.
+    role: str | None = None
     # operand name -> the dtype class it accepts (runtime.core.types.DTYPE_CLASSES, "a|b" for
     # either), shown by ``formula atoms``; ``infer`` is what enforces it
     dtypes: Mapping[str, str] = attrs.field(factory=dict)
