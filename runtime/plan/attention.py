@@ -109,12 +109,13 @@ def _match(o: Node, producer, single):
             return None
         if _role(n) == CONTRACTION:
             break
-        if n.atom.elementwise is None or n.input_slots.count(cur) != 1:
+        out = n.output_type
+        whole = [j for j, t in enumerate(n.input_types) if t.axes == out.axes and t.shape == out.shape]
+        if n.atom.elementwise is None or len(whole) != 1:
             return None
-        k = n.input_slots.index(cur)
-        if n.output_type.axes != n.input_types[k].axes or n.output_type.shape != n.input_types[k].shape:
-            return None
-        if any(t.elements != 1 for j, t in enumerate(n.input_types) if j != k):
+        k = whole[0]
+        if n.input_slots.count(n.input_slots[k]) != 1 or \
+                any(t.elements != 1 for j, t in enumerate(n.input_types) if j != k):
             return None
         chain.insert(0, n)
         cur = n.input_slots[k]
