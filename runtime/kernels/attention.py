@@ -41,7 +41,7 @@ PARALLEL_MIN_MACS = int(os.environ.get("FORMULA_ATTENTION_PARALLEL_MIN", 1 << 21
 BLOCK_ROWS = 32  # query rows per task: keys packed in cache are reused by this many rows
 TILE_ROWS = 4  # rows of a register tile (4 rows × 2 vectors: 8 accumulators)
 DYNAMIC_CHUNKS = 16  # chunks per parallel call (dynamic scheduling: a causal mask's tasks differ)
-VERSION = 2
+VERSION = 3
 
 
 def _define_max(dtype, suffix: str):
@@ -108,7 +108,7 @@ def spans(mask2d):
 
 _TEMPLATE = '''
 def kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo, shi, sdense, cs,
-           out, ob, oq, oe, nq, nk, nd, ne, bq):
+           out, ob, oq, oe, ec, nq, nk, nd, ne, bq):
     nb = qb.shape[0]
     W = 2 * L
     nkp = nk + W
@@ -117,13 +117,12 @@ def kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo
     vp = np.empty(max(nb * nk * nep, 1), DT)
     for b in LOOP(nb):
         base = b * nd * nkp
+        for j in range(nk):
+            src = kb[b] + j * ksj
+            for d in range(nd):
+                kt[base + d * nkp + j] = kf[src + d * ksd]
         for d in range(nd):
-            row = base + d * nkp
-            src = kb[b] + d * ksd
-            for j in range(nk):
-                kt[row + j] = kf[src + j * ksj]
-            for j in range(nk, nkp):
-                kt[row + j] = 0.0
+            kt[base + d * nkp + nk:base + (d + 1) * nkp] = 0.0
         vbase = b * nk * nep
         for j in range(nk):
             src = vb[b] + j * vsj
@@ -286,20 +285,38 @@ CHAIN
                     a30 = vfma(x, v0, a30)
                     a31 = vfma(x, v1, a31)
                     pv += nep
-                vstore(tmp, 0, a00)
-                vstore(tmp, L, a01)
-                vstore(tmp, W, a10)
-                vstore(tmp, W + L, a11)
-                vstore(tmp, 2 * W, a20)
-                vstore(tmp, 2 * W + L, a21)
-                vstore(tmp, 3 * W, a30)
-                vstore(tmp, 3 * W + L, a31)
                 top = min(W, ne - e0)
-                for r in range(r0, min(r0 + 4, nr)):
-                    at = ob[b] + oq[i0 + r]
-                    f = inv[r]
-                    for e in range(top):
-                        out[at + oe[e0 + e]] = tmp[(r - r0) * W + e] * f
+                if ec and top == W:
+                    z = vzero()
+                    at = ob[b] + oq[i0 + r0] + e0
+                    vstore(out, at, vfma(a00, vbcast(inv[r0]), z))
+                    vstore(out, at + L, vfma(a01, vbcast(inv[r0]), z))
+                    if r0 + 1 < nr:
+                        at = ob[b] + oq[i0 + r0 + 1] + e0
+                        vstore(out, at, vfma(a10, vbcast(inv[r0 + 1]), z))
+                        vstore(out, at + L, vfma(a11, vbcast(inv[r0 + 1]), z))
+                    if r0 + 2 < nr:
+                        at = ob[b] + oq[i0 + r0 + 2] + e0
+                        vstore(out, at, vfma(a20, vbcast(inv[r0 + 2]), z))
+                        vstore(out, at + L, vfma(a21, vbcast(inv[r0 + 2]), z))
+                    if r0 + 3 < nr:
+                        at = ob[b] + oq[i0 + r0 + 3] + e0
+                        vstore(out, at, vfma(a30, vbcast(inv[r0 + 3]), z))
+                        vstore(out, at + L, vfma(a31, vbcast(inv[r0 + 3]), z))
+                else:
+                    vstore(tmp, 0, a00)
+                    vstore(tmp, L, a01)
+                    vstore(tmp, W, a10)
+                    vstore(tmp, W + L, a11)
+                    vstore(tmp, 2 * W, a20)
+                    vstore(tmp, 2 * W + L, a21)
+                    vstore(tmp, 3 * W, a30)
+                    vstore(tmp, 3 * W + L, a31)
+                    for r in range(r0, min(r0 + 4, nr)):
+                        at = ob[b] + oq[i0 + r]
+                        f = inv[r]
+                        for e in range(top):
+                            out[at + oe[e0 + e]] = tmp[(r - r0) * W + e] * f
                 e0 += W
 '''
 
@@ -316,7 +333,7 @@ def _source(dt: str, chain: Sequence[str], parallel: bool) -> str:
                      data, table, i64, table,  # v
                      table, table, "_t.Array(_t.boolean, 1, 'C', readonly=True)",  # mask rows
                      table, table, "_t.Array(_t.uint8, 1, 'C', readonly=True)", data,  # spans, scalars
-                     f"_t.Array(_t.{dt}, 1, 'C')", table, table, table,  # out
+                     f"_t.Array(_t.{dt}, 1, 'C')", table, table, table, i64,  # out
                      i64, i64, i64, i64, i64])
     chain_lines = ["                for u in range(un):", "                    x = sc[ua + u]"]
     chain_lines += ["                    " + line for line in chain]

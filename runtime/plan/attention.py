@@ -219,9 +219,9 @@ def _cpu(request: KernelRequest) -> Kernel:
         lo, hi, dense = ak.spans(mk)
         cs = np.array([np.asarray(x).reshape(-1)[0] for x in scalars] or [0], dtype)
         bq = ak.row_ceiling(nq)
-        qb, qi, qsd, kb, ksj, ksd, vb, vsj, ve, mrb, mrq, ob, oq, oe = tables
+        qb, qi, qsd, kb, ksj, ksd, vb, vsj, ve, mrb, mrq, ob, oq, oe, ec = tables
         args = (qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk.reshape(-1), lo, hi,
-                dense, cs, target.reshape(-1), ob, oq, oe, nq, nk, nd, ne, bq)
+                dense, cs, target.reshape(-1), ob, oq, oe, ec, nq, nk, nd, ne, bq)
         kernel(args, nb * nq * nk * nd, nb * -(-nq // bq))
         if target is not out:
             out[...] = target
@@ -271,6 +271,9 @@ def _tables(form: Form, node: Node, qshape, qs, kshape, ks, vshape, vs, mshape, 
               _offsets(ot.axes, oshape, os_, form.batch, nb_ext),
               _offsets(ot.axes, oshape, os_, form.query, nq_ext),
               _offsets(ot.axes, oshape, os_, form.values, ne_ext))
+    ne = int(np.prod(ne_ext, dtype=np.int64))
+    contiguous = int(np.array_equal(tables[-1], np.arange(ne)))  # the values' axes: whole vectors stored
+    tables += (contiguous,)
     count = (int(np.prod(nb_ext, dtype=np.int64)), int(np.prod(nq_ext, dtype=np.int64)), nk, nd,
              int(np.prod(ne_ext, dtype=np.int64)))
     return tables, count
