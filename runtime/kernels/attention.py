@@ -39,7 +39,22 @@ from runtime.kernels.codegen import configure_numba_cache, load_generated
 # overrides it.
 PARALLEL_MIN_MACS = int(os.environ.get("FORMULA_ATTENTION_PARALLEL_MIN", 1 << 21))
 BLOCK_ROWS = 32  # query rows per task: keys packed in cache are reused by this many rows
-TILE_ROWS = 4  # rows of a register tile (4 rows × 2 vectors: 8 accumulators)
+TILE_ROWS = 4  # rows of a register tile
+
+
+def _vector_registers() -> int:
+    """32 where the target has AVX-512 (its 32 vector registers serve 32-byte vectors too),
+    else 16; the target is Numba's (NUMBA_CPU_FEATURES, else the host's)."""
+    from numba.core import config
+    import llvmlite.binding as ll
+
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else ll.get_host_cpu_features().flatten()
+    return 32 if "+avx512f" in features.split(",") else 16
+
+
+# vectors of keys (values) per register tile of scores (outputs): 4 rows × 4 vectors is 16
+# accumulators, which fit 32 registers and halve the loads per multiply-add of 4 × 2
+QK_VECTORS = PV_VECTORS = 4 if _vector_registers() == 32 else 2
 DYNAMIC_CHUNKS = 16  # chunks per parallel call (dynamic scheduling: a causal mask's tasks differ)
 VERSION = 3
 
@@ -110,9 +125,8 @@ _TEMPLATE = '''
 def kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo, shi, sdense, cs,
            out, ob, oq, oe, ec, nq, nk, nd, ne, bq):
     nb = qb.shape[0]
-    W = 2 * L
-    nkp = nk + W
-    nep = ((ne + W - 1) // W) * W
+    nkp = nk + WK
+    nep = ((ne + WE - 1) // WE) * WE
     kt = np.empty(max(nb * nd * nkp, 1), DT)
     vp = np.empty(max(nb * nk * nep, 1), DT)
     for b in LOOP(nb):
@@ -144,7 +158,7 @@ def kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo
         dns = np.zeros(nr4, np.uint8)
         mrs = np.zeros(nr4, np.int64)
         inv = np.zeros(nr4, DT)
-        tmp = np.empty(4 * W, DT)
+        tmp = np.empty(4 * WE, DT)
         for r in range(nr):
             i = i0 + r
             m = mrb[b] + mrq[i]
@@ -169,44 +183,7 @@ def kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo
                     for e in range(ne):
                         out[ob[b] + oq[i0 + r] + oe[e]] = 0.0
                 continue
-            q0 = r0 * nd
-            j = jlo
-            while j < jhi:
-                a00 = vzero()
-                a01 = vzero()
-                a10 = vzero()
-                a11 = vzero()
-                a20 = vzero()
-                a21 = vzero()
-                a30 = vzero()
-                a31 = vzero()
-                p = ktb + j
-                for d in range(nd):
-                    k0 = vload(kt, p)
-                    k1 = vload(kt, p + L)
-                    x = vbcast(qk[q0 + d])
-                    a00 = vfma(x, k0, a00)
-                    a01 = vfma(x, k1, a01)
-                    x = vbcast(qk[q0 + nd + d])
-                    a10 = vfma(x, k0, a10)
-                    a11 = vfma(x, k1, a11)
-                    x = vbcast(qk[q0 + 2 * nd + d])
-                    a20 = vfma(x, k0, a20)
-                    a21 = vfma(x, k1, a21)
-                    x = vbcast(qk[q0 + 3 * nd + d])
-                    a30 = vfma(x, k0, a30)
-                    a31 = vfma(x, k1, a31)
-                    p += nkp
-                s0 = r0 * nkp + j
-                vstore(sc, s0, a00)
-                vstore(sc, s0 + L, a01)
-                vstore(sc, s0 + nkp, a10)
-                vstore(sc, s0 + nkp + L, a11)
-                vstore(sc, s0 + 2 * nkp, a20)
-                vstore(sc, s0 + 2 * nkp + L, a21)
-                vstore(sc, s0 + 3 * nkp, a30)
-                vstore(sc, s0 + 3 * nkp + L, a31)
-                j += W
+QK_TILE
             for r in range(r0, r0 + 4):
                 row = r * nkp
                 lo = los[r]
@@ -248,77 +225,61 @@ CHAIN
                 a00 = vzero()
                 a01 = vzero()
                 j = 0
-                while j + W <= ni:
+                while j + 2 * L <= ni:
                     a00 = vfma(vload(sc, at + j), one, a00)
                     a01 = vfma(vload(sc, at + j + L), one, a01)
-                    j += W
+                    j += 2 * L
                 tot = 0.0 + vhsum(a00) + vhsum(a01)
                 while j < ni:
                     tot += sc[at + j]
                     j += 1
                 inv[r] = 1.0 / tot
-            p0 = r0 * nkp
-            e0 = 0
-            while e0 < nep:
-                a00 = vzero()
-                a01 = vzero()
-                a10 = vzero()
-                a11 = vzero()
-                a20 = vzero()
-                a21 = vzero()
-                a30 = vzero()
-                a31 = vzero()
-                pv = vbase + jlo * nep + e0
-                for j in range(jlo, jhi):
-                    v0 = vload(vp, pv)
-                    v1 = vload(vp, pv + L)
-                    x = vbcast(sc[p0 + j])
-                    a00 = vfma(x, v0, a00)
-                    a01 = vfma(x, v1, a01)
-                    x = vbcast(sc[p0 + nkp + j])
-                    a10 = vfma(x, v0, a10)
-                    a11 = vfma(x, v1, a11)
-                    x = vbcast(sc[p0 + 2 * nkp + j])
-                    a20 = vfma(x, v0, a20)
-                    a21 = vfma(x, v1, a21)
-                    x = vbcast(sc[p0 + 3 * nkp + j])
-                    a30 = vfma(x, v0, a30)
-                    a31 = vfma(x, v1, a31)
-                    pv += nep
-                top = min(W, ne - e0)
-                if ec and top == W:
-                    z = vzero()
-                    at = ob[b] + oq[i0 + r0] + e0
-                    vstore(out, at, vfma(a00, vbcast(inv[r0]), z))
-                    vstore(out, at + L, vfma(a01, vbcast(inv[r0]), z))
-                    if r0 + 1 < nr:
-                        at = ob[b] + oq[i0 + r0 + 1] + e0
-                        vstore(out, at, vfma(a10, vbcast(inv[r0 + 1]), z))
-                        vstore(out, at + L, vfma(a11, vbcast(inv[r0 + 1]), z))
-                    if r0 + 2 < nr:
-                        at = ob[b] + oq[i0 + r0 + 2] + e0
-                        vstore(out, at, vfma(a20, vbcast(inv[r0 + 2]), z))
-                        vstore(out, at + L, vfma(a21, vbcast(inv[r0 + 2]), z))
-                    if r0 + 3 < nr:
-                        at = ob[b] + oq[i0 + r0 + 3] + e0
-                        vstore(out, at, vfma(a30, vbcast(inv[r0 + 3]), z))
-                        vstore(out, at + L, vfma(a31, vbcast(inv[r0 + 3]), z))
-                else:
-                    vstore(tmp, 0, a00)
-                    vstore(tmp, L, a01)
-                    vstore(tmp, W, a10)
-                    vstore(tmp, W + L, a11)
-                    vstore(tmp, 2 * W, a20)
-                    vstore(tmp, 2 * W + L, a21)
-                    vstore(tmp, 3 * W, a30)
-                    vstore(tmp, 3 * W + L, a31)
-                    for r in range(r0, min(r0 + 4, nr)):
-                        at = ob[b] + oq[i0 + r]
-                        f = inv[r]
-                        for e in range(top):
-                            out[at + oe[e0 + e]] = tmp[(r - r0) * W + e] * f
-                e0 += W
+PV_TILE
 '''
+
+
+def _tile_accumulators(nv: int, pad: str) -> list[str]:
+    return [f"{pad}a{r}{c} = vzero()" for r in range(TILE_ROWS) for c in range(nv)]
+
+
+def _qk_tile(nv: int) -> list[str]:
+    """Scores of 4 query rows × ``nv`` vectors of keys per step, over the quad's key range."""
+    p = " " * 12
+    lines = [f"{p}q0 = r0 * nd", f"{p}j = jlo", f"{p}while j < jhi:", *_tile_accumulators(nv, p + "    "),
+             f"{p}    p = ktb + j", f"{p}    for d in range(nd):"]
+    lines += [f"{p}        k{c} = vload(kt, p + {c} * L)" for c in range(nv)]
+    for r in range(TILE_ROWS):
+        lines.append(f"{p}        x = vbcast(qk[q0 + {r} * nd + d])")
+        lines += [f"{p}        a{r}{c} = vfma(x, k{c}, a{r}{c})" for c in range(nv)]
+    lines += [f"{p}        p += nkp", f"{p}    s0 = r0 * nkp + j"]
+    lines += [f"{p}    vstore(sc, s0 + {r} * nkp + {c} * L, a{r}{c})" for r in range(TILE_ROWS) for c in range(nv)]
+    lines.append(f"{p}    j += WK")
+    return lines
+
+
+def _pv_tile(nv: int) -> list[str]:
+    """Outputs of 4 query rows × ``nv`` vectors of values per step, summed over the quad's keys,
+    scaled by each row's 1/sum and stored (whole vectors where the value axes are contiguous)."""
+    p = " " * 12
+    lines = [f"{p}p0 = r0 * nkp", f"{p}e0 = 0", f"{p}while e0 < nep:", *_tile_accumulators(nv, p + "    "),
+             f"{p}    pv = vbase + jlo * nep + e0", f"{p}    for j in range(jlo, jhi):"]
+    lines += [f"{p}        v{c} = vload(vp, pv + {c} * L)" for c in range(nv)]
+    for r in range(TILE_ROWS):
+        lines.append(f"{p}        x = vbcast(sc[p0 + {r} * nkp + j])")
+        lines += [f"{p}        a{r}{c} = vfma(x, v{c}, a{r}{c})" for c in range(nv)]
+    lines += [f"{p}        pv += nep", f"{p}    top = min(WE, ne - e0)", f"{p}    if ec and top == WE:",
+              f"{p}        z = vzero()"]
+    for r in range(TILE_ROWS):
+        lines += [f"{p}        if r0 + {r} < nr:", f"{p}            at = ob[b] + oq[i0 + r0 + {r}] + e0",
+                  f"{p}            f = vbcast(inv[r0 + {r}])"]
+        lines += [f"{p}            vstore(out, at + {c} * L, vfma(a{r}{c}, f, z))" for c in range(nv)]
+    lines.append(f"{p}    else:")
+    lines += [f"{p}        vstore(tmp, {r} * WE + {c} * L, a{r}{c})" for r in range(TILE_ROWS) for c in range(nv)]
+    lines += [f"{p}        for r in range(r0, min(r0 + 4, nr)):", f"{p}            at = ob[b] + oq[i0 + r]",
+              f"{p}            f = inv[r]", f"{p}            for e in range(top):",
+              f"{p}                out[at + oe[e0 + e]] = tmp[(r - r0) * WE + e] * f",
+              f"{p}    e0 += WE"]
+    return lines
 
 
 def _source(dt: str, chain: Sequence[str], parallel: bool) -> str:
@@ -339,13 +300,16 @@ def _source(dt: str, chain: Sequence[str], parallel: bool) -> str:
     chain_lines += ["                    " + line for line in chain]
     chain_lines.append("                    sc[ua + u] = x")
     body = _TEMPLATE.replace("LOOP", "prange" if parallel else "range")
+    body = body.replace("QK_TILE\n", "\n".join(_qk_tile(QK_VECTORS)) + "\n")
+    body = body.replace("PV_TILE\n", "\n".join(_pv_tile(PV_VECTORS)) + "\n")
     body = body.replace("CHAIN\n", "\n".join(chain_lines) + "\n" if chain else "")
     head = [f'"""Generated by runtime.kernels.attention v{VERSION}: fused attention, {dt}'
             f'{", parallel" if parallel else ""}."""',
             "import math", "import numpy as np", "from numba import njit, prange, uint64 as _u, types as _t",
             simd.ops_import(dt), vmath.IMPORT,
             f"from runtime.kernels.attention import vmax_{suffix} as vmax, hmax_{suffix} as hmax", "",
-            f"DT = np.{dt}", f"L = {simd.lanes(dt)}", "",
+            f"DT = np.{dt}", f"L = {simd.lanes(dt)}", f"WK = {QK_VECTORS * simd.lanes(dt)}",
+            f"WE = {PV_VECTORS * simd.lanes(dt)}", "",
             f"@njit(_t.void({sig}), cache=True, parallel={parallel}, error_model='numpy', nogil=True)"]
     return "\n".join(head + vmath.cpu_code(body.strip("\n").split("\n"))) + "\n"
 
@@ -426,10 +390,10 @@ def scratch_bytes(nb: int, nq: int, nk: int, nd: int, ne: int, itemsize: int, th
     """What one call allocates besides its operands: the packed keys and values, and per
     running task its scores, query rows and spans."""
     lanes = simd.VECTOR_BYTES // itemsize
-    w = 2 * lanes
-    nkp, nep = nk + w, -(-ne // w) * w
+    wk, we = QK_VECTORS * lanes, PV_VECTORS * lanes
+    nkp, nep = nk + wk, -(-ne // we) * we
     rows = row_ceiling(nq)
-    per_task = rows * (nkp + nd + 1) * itemsize + rows * 25 + 4 * w * itemsize
+    per_task = rows * (nkp + nd + 1) * itemsize + rows * 25 + TILE_ROWS * we * itemsize
     return (nb * nd * nkp + nb * nk * nep) * itemsize + threads * per_task
 
 
