@@ -358,14 +358,6 @@ def flat(x: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
     return view, strides
 
 
-def table(extents: Sequence[int], strides: Sequence[int]) -> np.ndarray:
-    """Element offsets of every index over axes of these extents and strides, row-major."""
-    off = np.zeros(1, np.int64)
-    for n, s in zip(extents, strides):
-        off = (off[:, None] + np.arange(n, dtype=np.int64) * s).ravel()
-    return off
-
-
 _tables_lock = threading.Lock()
 
 

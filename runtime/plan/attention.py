@@ -28,7 +28,6 @@ import attrs
 import numpy as np
 
 from runtime.core.types import TensorType, accumulation_dtype
-from runtime.kernels import attention as ak
 from runtime.kernels.layout import keepdims_order
 from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
 from runtime.plugins.atomspec import AtomSpec, Node
@@ -192,6 +191,8 @@ def _c_strides(shape: Sequence[int]) -> list[int]:
 
 
 def _cpu(request: KernelRequest) -> Kernel:
+    from runtime.kernels import attention as ak  # (numba: imported only once a plan needs it)
+
     node = request.node
     form: Form = node.attributes["form"]
     qt, kt, vt, mt = node.input_types[:4]
@@ -246,7 +247,10 @@ def _offsets(axes: Sequence[str], shape, strides, over_axes: Sequence[str], exte
     """Element offsets over ``over_axes`` (of these extents) of an array with ``axes``, ``shape``
     and element ``strides``: 0 along an axis it lacks or holds with extent 1 (broadcast)."""
     st = [strides[axes.index(a)] if a in axes and shape[axes.index(a)] != 1 else 0 for a in over_axes]
-    return ak.table(extents, st)
+    off = np.zeros(1, np.int64)
+    for n, s in zip(extents, st):
+        off = (off[:, None] + np.arange(n, dtype=np.int64) * s).ravel()
+    return off
 
 
 def _tables(form: Form, node: Node, qshape, qs, kshape, ks, vshape, vs, mshape, oshape, os_):
@@ -280,6 +284,8 @@ def _tables(form: Form, node: Node, qshape, qs, kshape, ks, vshape, vs, mshape, 
 
 
 def _scratch(node: Node, backend: str) -> int:
+    from runtime.kernels import attention as ak
+
     form: Form = node.attributes["form"]
     qt, kt, vt = node.input_types[:3]
     nb = int(np.prod([qt.size_of(a) for a in form.batch], dtype=np.int64))
