@@ -306,3 +306,14 @@ def test_nonfinite_inputs_are_still_refused():
     with pytest.raises(runtime.FormulaError) as err:
         runtime.compile(program(DIMS), "cpu", tiered=False).run(inputs)
     assert err.value.code == "nonfinite"
+
+
+def test_importing_the_planner_imports_no_numba():
+    """NUMBA_ENABLE_CUDASIM and Numba's other import-time settings stay the caller's to set
+    after ``import runtime`` (runtime.kernels.codegen): the rewrite loads its kernel lazily."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, runtime.api, runtime.plan.grouping; assert 'numba' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
