@@ -213,6 +213,11 @@ def test_no_rewrite_on_reference_or_cuda_or_without_fusion():
     assert "fused-attention" not in kinds(plan)
 
 
+def test_no_rewrite_when_switched_off(monkeypatch):
+    monkeypatch.setenv("FORMULA_FUSED_ATTENTION", "0")
+    check(program(DIMS), values(DIMS), fused=False)
+
+
 def test_no_rewrite_when_outputs_are_checked_so_the_error_names_the_instruction():
     dims = {"B": 1, "H": 1, "S": 3, "K": 3, "Dh": 2}
     prog = program(dims, chain=("scale",))

@@ -21,6 +21,7 @@ that made a NaN, which needs the unfused nodes).
 """
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Sequence
 
@@ -68,8 +69,9 @@ def _computes_in(node: Node, dt: str) -> bool:
 
 def find(nodes: Sequence[Node], outputs: Sequence[str], backend: str) -> list[tuple[tuple[Node, ...], Node]]:
     """Each match: (the nodes it replaces in program order, the fused node). Only for a
-    backend the fused node has a kernel for."""
-    if backend not in ATTENTION.kernels:
+    backend the fused node has a kernel for, and unless FORMULA_FUSED_ATTENTION=0 (the
+    unfused plan, for comparisons)."""
+    if backend not in ATTENTION.kernels or os.environ.get("FORMULA_FUSED_ATTENTION", "1") == "0":
         return []
     readers = Counter(s for n in nodes for s in n.input_slots)
     producer = {n.output_slot: n for n in nodes}
