@@ -305,12 +305,16 @@ def test_chunked_runs_equal_the_whole_run(chunks):
     np.testing.assert_array_equal(exe.run(inputs, chunks=chunks)["%2"], whole)
 
 
-def test_nonfinite_inputs_are_still_refused():
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_the_kernel_counts_nonfinite_inputs_in_its_own_pass(name, bad):
+    exe = runtime.compile(program(DIMS), "cpu", tiered=False)
     inputs = values(DIMS)
-    inputs["k"][0, 0, 0, 0] = np.nan
+    assert exe.run(inputs, trace=True).trace[0]["checks_finite"] == ["q", "k", "v"]
+    inputs[name][1, -1, 0, -1] = bad
     with pytest.raises(runtime.FormulaError) as err:
-        runtime.compile(program(DIMS), "cpu", tiered=False).run(inputs)
-    assert err.value.code == "nonfinite"
+        exe.run(inputs)
+    assert err.value.code == "nonfinite" and name in str(err.value)
 
 
 def test_importing_the_planner_imports_no_numba():

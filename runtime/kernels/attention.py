@@ -56,7 +56,7 @@ def _vector_registers() -> int:
 # accumulators, which fit 32 registers and halve the loads per multiply-add of 4 × 2
 QK_VECTORS = PV_VECTORS = 4 if _vector_registers() == 32 else 2
 DYNAMIC_CHUNKS = 16  # chunks per parallel call (dynamic scheduling: a causal mask's tasks differ)
-VERSION = 3
+VERSION = 4
 
 
 def _define_max(dtype, suffix: str):
@@ -123,29 +123,38 @@ def spans(mask2d):
 
 _TEMPLATE = '''
 def kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo, shi, sdense, cs,
-           out, ob, oq, oe, ec, nq, nk, nd, ne, bq):
+           out, ob, oq, oe, ec, nq, nk, nd, ne, bq, count_q, count_k, count_v):
     nb = qb.shape[0]
     nkp = nk + WK
     nep = ((ne + WE - 1) // WE) * WE
     kt = np.empty(max(nb * nd * nkp, 1), DT)
     vp = np.empty(max(nb * nk * nep, 1), DT)
+    packed_bad = 0
     for b in LOOP(nb):
         base = b * nd * nkp
+        bad_k = False
         for j in range(nk):
             src = kb[b] + j * ksj
             for d in range(nd):
-                kt[base + d * nkp + j] = kf[src + d * ksd]
+                x = kf[src + d * ksd]
+                kt[base + d * nkp + j] = x
+                bad_k |= (x - x) != 0
         for d in range(nd):
             kt[base + d * nkp + nk:base + (d + 1) * nkp] = 0.0
         vbase = b * nk * nep
+        bad_v = False
         for j in range(nk):
             src = vb[b] + j * vsj
             row = vbase + j * nep
             for e in range(ne):
-                vp[row + e] = vf[src + ve[e]]
+                x = vf[src + ve[e]]
+                vp[row + e] = x
+                bad_v |= (x - x) != 0
             for e in range(ne, nep):
                 vp[row + e] = 0.0
+        packed_bad += 1 if (bad_k and count_k) or (bad_v and count_v) else 0
     nqb = (nq + bq - 1) // bq
+    rows_bad = 0
     for t in LOOP(nb * nqb):
         b = t // nqb
         i0 = (t - b * nqb) * bq
@@ -159,6 +168,7 @@ def kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo
         mrs = np.zeros(nr4, np.int64)
         inv = np.zeros(nr4, DT)
         tmp = np.empty(4 * WE, DT)
+        bad_q = False
         for r in range(nr):
             i = i0 + r
             m = mrb[b] + mrq[i]
@@ -168,7 +178,10 @@ def kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo
             dns[r] = sdense[m]
             src = qb[b] + qi[i]
             for d in range(nd):
-                qk[r * nd + d] = qf[src + d * qsd]
+                x = qf[src + d * qsd]
+                qk[r * nd + d] = x
+                bad_q |= (x - x) != 0
+        rows_bad += 1 if bad_q and count_q else 0
         ktb = b * nd * nkp
         vbase = b * nk * nep
         for r0 in range(0, nr4, 4):
@@ -235,6 +248,7 @@ CHAIN
                     j += 1
                 inv[r] = 1.0 / tot
 PV_TILE
+    return packed_bad + rows_bad
 '''
 
 
@@ -295,7 +309,7 @@ def _source(dt: str, chain: Sequence[str], parallel: bool) -> str:
                      table, table, "_t.Array(_t.boolean, 1, 'C', readonly=True)",  # mask rows
                      table, table, "_t.Array(_t.uint8, 1, 'C', readonly=True)", data,  # spans, scalars
                      f"_t.Array(_t.{dt}, 1, 'C')", table, table, table, i64,  # out
-                     i64, i64, i64, i64, i64])
+                     i64, i64, i64, i64, i64, "_t.boolean", "_t.boolean", "_t.boolean"])
     chain_lines = ["                for u in range(un):", "                    x = sc[ua + u]"]
     chain_lines += ["                    " + line for line in chain]
     chain_lines.append("                    sc[ua + u] = x")
@@ -310,7 +324,7 @@ def _source(dt: str, chain: Sequence[str], parallel: bool) -> str:
             f"from runtime.kernels.attention import vmax_{suffix} as vmax, hmax_{suffix} as hmax", "",
             f"DT = np.{dt}", f"L = {simd.lanes(dt)}", f"WK = {QK_VECTORS * simd.lanes(dt)}",
             f"WE = {PV_VECTORS * simd.lanes(dt)}", "",
-            f"@njit(_t.void({sig}), cache=True, parallel={parallel}, error_model='numpy', nogil=True)"]
+            f"@njit(_t.int64({sig}), cache=True, parallel={parallel}, error_model='numpy', nogil=True)"]
     return "\n".join(head + vmath.cpu_code(body.strip("\n").split("\n"))) + "\n"
 
 
@@ -331,15 +345,16 @@ class AttentionKernel:
     def warm(self) -> None:
         self.parallel()
 
-    def __call__(self, args: Sequence, work: int, tasks: int) -> None:
+    def __call__(self, args: Sequence, work: int, tasks: int) -> int:
+        """Run; returns how many batches or row blocks met a NaN or ±inf in the operands it
+        was asked to count (``count_q``, ``count_k``, ``count_v``, the last arguments)."""
         if work < PARALLEL_MIN_MACS or tasks < 2:
-            self.serial(*args)
-            return
+            return self.serial(*args)
         import numba
 
         before = numba.set_parallel_chunksize(max(1, tasks // DYNAMIC_CHUNKS))
         try:
-            self.parallel()(*args)
+            return self.parallel()(*args)
         finally:
             numba.set_parallel_chunksize(before)
 

@@ -32,7 +32,7 @@ from runtime.core.types import TensorType, accumulation_dtype
 from runtime.kernels.layout import keepdims_order
 from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
 from runtime.plugins.atomspec import AtomSpec, Node
-from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
+from runtime.plugins.kernel import Counts, Kernel, KernelRequest, plain_kernel
 
 CONTRACTION, MASKED_SOFTMAX = "contraction", "masked-softmax"
 DTYPES = ("float32", "float64")
@@ -224,12 +224,16 @@ def _cpu(request: KernelRequest) -> Kernel:
         bq = ak.row_ceiling(nq)
         qb, qi, qsd, kb, ksj, ksd, vb, vsj, ve, mrb, mrq, ob, oq, oe, ec = tables
         args = (qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk.reshape(-1), lo, hi,
-                dense, cs, target.reshape(-1), ob, oq, oe, ec, nq, nk, nd, ne, bq)
-        kernel(args, nb * nq * nk * nd, nb * -(-nq // bq))
+                dense, cs, target.reshape(-1), ob, oq, oe, ec, nq, nk, nd, ne, bq, *flags)
+        bad = kernel(args, nb * nq * nk * nd, nb * -(-nq // bq))
         if target is not out:
             out[...] = target
+        return bad
 
-    return plain_kernel(run, warm=kernel.warm)
+    # q, k and v are read in full (every element at least once): the kernel may count them
+    counted = tuple(k for k in (0, 1, 2) if k in request.count_inputs)
+    flags = tuple(k in counted for k in (0, 1, 2))
+    return plain_kernel(run, Counts(inputs=counted), warm=kernel.warm)
 
 
 def _mask_rows(mask: np.ndarray, mt: TensorType, order, form: Form) -> np.ndarray:
