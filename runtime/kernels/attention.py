@@ -5,8 +5,9 @@ Layout-free: every operand is read through element-offset tables (one per group 
 batch, query rows, values) and two strides (key, head), so any axis order and any stride
 takes the same compiled kernel; the per-call work in Python is the tables and the spans.
 The keys are packed once per call, transposed ([batch, head, key], zero-padded) so that a
-register tile of 4 query rows × 2 vectors of keys runs on broadcast-FMA; the values are
-packed [batch, key, value] for the 4 rows × 2 vectors tile of p·v.
+register tile of 4 query rows × 2 or 4 vectors of keys runs on broadcast-FMA; the values are
+packed [batch, key, value] for the same tile of p·v. Asked to, the kernel counts the NaN and
+±inf of q, k and v (it reads each in full) with the vector scan of what it packed.
 
 Each query row's visible span [lo, hi) comes from its mask row (computed once per distinct
 mask row, so a mask broadcast over batch and heads costs one pass over its own size): scores
