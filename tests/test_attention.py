@@ -326,3 +326,13 @@ def test_importing_the_planner_imports_no_numba():
 
     code = "import sys, runtime.api, runtime.plan.grouping; assert 'numba' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_half_programs_fuse_on_their_float32_temporaries():
+    dims = {"B": 1, "H": 2, "S": 6, "K": 6, "Dh": 4}
+    prog = program(dims, "float16")
+    plan = runtime.compile(prog, "cpu", tiered=False).plan()
+    group = [g for g in plan.groups if g.kind == "fused-attention"][0]
+    assert group.output_type.dtype == "float32" and "half-narrow" in [g.kind for g in plan.groups] + \
+        [n.atom.name for g in plan.groups for n in g.nodes]
+    check(prog, values(dims, "float16", mask="holes"))
