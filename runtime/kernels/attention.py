@@ -28,7 +28,6 @@ import threading
 from collections.abc import Sequence
 
 import numpy as np
-from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
@@ -82,14 +81,8 @@ def _define_max(dtype, suffix: str):
             return None
 
         def codegen(context, builder, sig, args):
-            x, width = args[0], lanes
-            while width > 1:
-                width //= 2
-                lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width))))
-                hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(ir.IntType(32), width),
-                                                              list(range(width, 2 * width))))
-                x = builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo)
-            return builder.extract_element(x, ir.Constant(ir.IntType(32), 0))
+            return simd.lane_reduce(builder, args[0], lanes,
+                                    lambda lo, hi: builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo))
         return dtype(v), codegen
 
     globals()[f"vmax_{suffix}"], globals()[f"hmax_{suffix}"] = vmax, hmax

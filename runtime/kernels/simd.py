@@ -113,15 +113,8 @@ def _define(dtype):
         if v != vt:
             return None
 
-        def codegen(context, builder, sig, args):  # pairwise halving: log2(lanes) adds
-            x, width = args[0], lanes
-            while width > 1:
-                width //= 2
-                lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width))))
-                hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(ir.IntType(32), width),
-                                                              list(range(width, 2 * width))))
-                x = builder.fadd(lo, hi)
-            return builder.extract_element(x, ir.Constant(ir.IntType(32), 0))
+        def codegen(context, builder, sig, args):
+            return lane_reduce(builder, args[0], lanes, builder.fadd)
         return dtype(v), codegen
 
     return dict(zip(OPS, (load, store, bcast, zero, fma, hsum))), lanes
@@ -135,6 +128,19 @@ globals().update({f"{op}_f64x4": fn for op, fn in _F64.items()})
 
 def lanes(dt: str) -> int:
     return LANES_F32 if dt == "float32" else LANES_F64
+
+
+def lane_reduce(builder, x, lanes: int, combine):
+    """LLVM IR folding vector ``x`` to its lane 0 by pairwise halving, ``combine(lo, hi)`` at
+    each of the log2(lanes) steps (an add for a sum, a select for a maximum)."""
+    width = lanes
+    while width > 1:
+        width //= 2
+        lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width))))
+        hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(ir.IntType(32), width),
+                                                      list(range(width, 2 * width))))
+        x = combine(lo, hi)
+    return builder.extract_element(x, ir.Constant(ir.IntType(32), 0))
 
 
 def ops_import(dt: str) -> str:
