@@ -372,6 +372,18 @@ def _run(args) -> int:
     return 0
 
 
+def _fixed_extents(bindings, values, dims: dict[str, int]) -> dict[str, int]:
+    """``dims`` plus the extents of symbols that the arrays among ``values`` fix (by binding name)."""
+    dims = dict(dims)
+    for b in bindings:
+        value = values.get(b.name)
+        if isinstance(value, np.ndarray) and value.ndim == b.value_type.rank:
+            for size, extent in zip(b.value_type.sizes, value.shape):
+                if isinstance(size, str):
+                    dims.setdefault(size, extent)
+    return dims
+
+
 def _fill_cache(args, program, inputs, banks, dims: dict[str, int]) -> int | None:
     """Start ``formula compile`` for this run's extents and dtype as a process of its own that
     outlives this one (the tiered run's background thread dies with it), so that the next
@@ -379,16 +391,10 @@ def _fill_cache(args, program, inputs, banks, dims: dict[str, int]) -> int | Non
     extents or the dtype cannot be told from the run (a symbol fixed only by a bank store)."""
     import subprocess
 
-    dims = dict(dims)
-    floating = set()
-    for b in program.bindings:
-        value = (inputs if b.kind == "input" else banks if isinstance(banks, dict) else {}).get(b.name)
-        if isinstance(value, np.ndarray) and value.ndim == b.value_type.rank:
-            for size, extent in zip(b.value_type.sizes, value.shape):
-                if isinstance(size, str):
-                    dims.setdefault(size, extent)
-            if b.value_type.dtype == "floating":
-                floating.add(value.dtype.name)
+    values = {**(banks if isinstance(banks, dict) else {}), **inputs}
+    dims = _fixed_extents(program.bindings, values, dims)
+    floating = {values[b.name].dtype.name for b in program.bindings
+                if b.value_type.dtype == "floating" and isinstance(values.get(b.name), np.ndarray)}
     symbols = {s for b in program.bindings for s in b.value_type.sizes if isinstance(s, str)}
     if not symbols <= set(dims) or len(floating) > 1 or not floating <= {"float32", "float64"}:
         return None
@@ -573,13 +579,7 @@ def _values(exe, args, dims: dict[str, int]) -> tuple[dict[str, Any], Any]:
     inputs: dict[str, Any] | None = read_arrays(args.inputs, "$.inputs", program.limits, memory_limit) \
         if args.inputs else None
     if args.random:
-        dims = dict(dims)
-        for b in program.input_bindings:  # extents the given inputs already fix
-            value = (inputs or {}).get(b.name)
-            if isinstance(value, np.ndarray) and value.ndim == b.value_type.rank:
-                for size, extent in zip(b.value_type.sizes, value.shape):
-                    if isinstance(size, str):
-                        dims.setdefault(size, extent)
+        dims = _fixed_extents(program.input_bindings, inputs or {}, dims)  # what the given inputs fix
         if getattr(args, "chunks", None) is None:  # a chunked run preflights each slice
             _preflight(exe, dims)
         want_inputs = [] if inputs is not None else program.input_bindings
