@@ -216,7 +216,13 @@ class Executable:
         for key, c in compiled:
             c.warm()
             if not key[3] and key[4] is None:  # a whole unchecked plan: what tiered runs take
-                mark_ready(_Tiers.ready_key(self, dict(key[1]), key[2]))
+                mark_ready(self._ready_key(dict(key[1]), key[2]))
+
+    def _ready_key(self, dtypes: Mapping[str, str], resident: frozenset) -> str:
+        """What the kernels of a whole, unchecked plan depend on besides layouts: the program,
+        the backend, the dtypes and which banks are resident (``codegen.ready_marker``)."""
+        return "|".join([self.program.fingerprint, self.backend.name, repr(sorted(dtypes.items())),
+                         repr(sorted(resident))])
 
     # --- planning -----------------------------------------------------------------------
     @no_memory_error
@@ -836,13 +842,6 @@ class _Tiers:
         self._fallback: Executable | None = None
 
     @staticmethod
-    def ready_key(exe: "Executable", dtypes: Mapping[str, str], resident: frozenset) -> str:
-        """What the kernels of a whole, unchecked plan depend on besides layouts: the program,
-        the backend, the dtypes and which banks are resident (``codegen.ready_marker``)."""
-        return "|".join([exe.program.fingerprint, exe.backend.name, repr(sorted(dtypes.items())),
-                         repr(sorted(resident))])
-
-    @staticmethod
     def _key(dims, dtypes, resident) -> tuple:
         """``Executable._compiled``'s key of an unchecked plan of a whole run (check_outputs
         False, no ``whole``)."""
@@ -861,7 +860,7 @@ class _Tiers:
             known = compiled is None and any(k[1:] == key[1:] for k in exe._plans)
         if compiled is not None:
             return compiled
-        if known or ready_marker(self.ready_key(exe, dtypes, resident)).is_file():
+        if known or ready_marker(exe._ready_key(dtypes, resident)).is_file():
             # (kernels of these dtypes are in the disk cache: loading them beats the reference tier)
             return exe._compiled(dict(bound.dims), dtypes, resident)
         with self._lock:
@@ -896,7 +895,7 @@ class _Tiers:
                 finally:
                     compiled.release_arena(arena)
             compiled.warm()
-            mark_ready(self.ready_key(exe, dtypes, resident))
+            mark_ready(exe._ready_key(dtypes, resident))
         except FormulaError as exc:
             with self._lock:
                 self._errors[key] = exc
