@@ -258,7 +258,7 @@ def uindex_code(prefix: str, kind: str, var: str) -> str:
 _I_NB, _I_M, _I_N, _I_K, _I_TM, _I_FORM, _I_PAR = range(7)
 _I_ADDR = 7  # then (batch, M, N) strides of out, then of each extra
 # ints[_I_FORM]: the micro-kernel tiles used when ``micro`` is set (none: BLAS only)
-FORM_IDS = {None: 0, "dot": 1, "bcast": 2, "bcast packed left": 3}
+FORM_IDS = {None: 0, "dot": 1, "bcast": 2, "bcast packed left": 3, "blocked": 4}
 ALL_FORMS = frozenset(FORM_IDS.values())
 
 
@@ -321,7 +321,8 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     xs = [f"x{j}" for j in range(len(extra_addr))]
     params = ", ".join(KERNEL_HEAD + xs + tables + ["nwork"])
     counting = bool(checked) or scan_left or scan_right or values  # count non-finite values met
-    packing = bool(forms & {2, 3})  # bcast tiles read the right operand packed in panels
+    packing = bool(forms & {2, 3})  # bcast tiles read the right operand packed in panels (and blocked
+    wide = 4 in forms  # ones in panels of their own width)
     # work(): one worker's tiles; its parameters are the kernel's and what the kernel derives
     wparams = ", ".join(["w", "ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "scan_a", "b", "out",
                          "micro", "m_bp"] + xs + tables + ["nwork"])
@@ -333,7 +334,9 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
          *([micro.tile_function("dot", dt, import_as="_tile_dot")] if 1 in forms else []),
          *([micro.tile_function("bcast", dt, import_as="_tile_bcast")] if 2 in forms else []),
          *([micro.tile_function("bcast", dt, True, import_as="_tile_bcastp")] if 3 in forms else []),
+         *([micro.tile_function("blocked", dt, import_as="_tile_blocked")] if wide else []),
          *([micro.pack_function(dt, import_as="_pack_right")] if packing else []),
+         *([micro.pack_function(dt, import_as="_pack_wide", form="blocked")] if wide else []),
          *([simd.scan_import(dt)] if scan_left or scan_right else []),
          "", "",
          "@njit(cache=True, nogil=True, error_model='numpy')",
@@ -347,11 +350,17 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
         for g, kind in enumerate(ad.kinds):
             if kind == "affine":
                 L.append(f"    s_{nm}{'bmn'[g]} = ints[{_I_ADDR + 3 * a + g}]")
+    nrw = micro.blocked_nr(dt)
     L += ["    ntm = (m + tm - 1) // tm",
           "    ntiles = nb * ntm",
           *(["    nf = 0"] if counting else []),
-          f"    scratch = np.empty(tm * n, np.{dt})",
-          *([f"    apk = np.empty({micro.BCAST_MR} * k if form == 3 else 0, np.{dt})"] if 3 in forms else []),
+          # the scratch's row stride: blocked tiles store rows of whole panels
+          f"    sn = (n + {nrw - 1}) // {nrw} * {nrw} if micro and form == 4 else n" if wide else "    sn = n",
+          # (+ MR rows: a blocked tile computes whole strips, up to MR - 1 rows past its own)
+          f"    scratch = np.empty((tm + {micro.BLOCKED_MR}) * sn, np.{dt})",
+          *([f"    apk = np.empty({micro.BCAST_MR} * k if form == 3 else "
+             f"({micro.BLOCKED_MR} * ((tm + {micro.BLOCKED_MR - 1}) // {micro.BLOCKED_MR})) * min(k, {micro.BLOCKED_KC}) if form == 4 else 0, np.{dt})"]
+            if forms & {3, 4} else []),
           "    prm = np.empty(8, np.int32)",
           "    prm[0] = n", "    prm[2] = k", "    prm[3] = ldb",
           "    prm[4] = lda", "    prm[5] = n",
@@ -387,6 +396,8 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
              f"            _tile_bcast({micro.TILE_PARAMS['bcast'].replace('apk', 'm_bp')})"] if 2 in forms else []),
           *(["        elif micro and form == 3:",
              f"            _tile_bcastp({micro.TILE_PARAMS['bcast']})"] if 3 in forms else []),
+          *(["        elif micro and form == 4:",
+             f"            _tile_blocked({micro.TILE_PARAMS['blocked']})"] if wide else []),
           "        else:",
           f"            {blas}(pch, pch + 1, pprm, pprm + 4, pprm + 8, psc,",
           f"                   pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item}, pprm + 16,",
@@ -399,7 +410,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     L += ["        for i in range(rows):",
           "            ii = i0 + i",
           "            orow = ob + " + index_code("om", addrs[0].kinds[1], "ii"),
-          "            srow = i * n"]
+          "            srow = i * sn"]
     for j, ad in enumerate(extra_addr):
         L.append(f"            x{j}r = np.uint64(x{j}b + " + index_code(f"x{j}m", ad.kinds[1], "ii") + ")")
     # unsigned column index (and offsets): lets LLVM vectorise the epilogue's row loop
@@ -432,8 +443,11 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
         L += ["    if scan_b:", "        nfb = _nonfinite(b, 0, b.size)"]
     L += ["    bp = bpk"]
     if packing:  # bcast: the right operand packed in panels first
-        L += ["    if micro == 1 and form >= 2:",
+        L += ["    if micro == 1 and (form == 2 or form == 3):",
               "        bp = _pack_right(b, nb, k, n, sbb, ldb, tb, ints[%d])" % _I_PAR]
+    if wide:  # blocked: in its own panels
+        L += ["    if micro == 1 and form == 4:",
+              "        bp = _pack_wide(b, nb, k, n, sbb, ldb, tb, ints[%d])" % _I_PAR]
     L += ["    counts = np.empty(nwork, np.int64)",
           f"    if ints[{_I_PAR}]:",
           "        for w in prange(nwork):",
@@ -453,7 +467,7 @@ def _scan_after() -> list[str]:
     (the tiles add every term: no zero is skipped, unlike some BLAS), so a row whose sums are
     all finite read only finite values. A non-finite sum (or an overflow) has the rows
     scanned exactly. Saves the scan's separate pass over the left tile (the seed's ``x``)."""
-    return ["            if after and _nonfinite(scratch, 0, rows * n):",
+    return ["            if after and _nonfinite(scratch, 0, rows * sn):",
             "                nf += _nonfinite(a, q0, q0 + rows * k)"]
 
 
@@ -504,10 +518,13 @@ def plan_tiles(dims: tuple[int, int, int, int], dt: str, scan_left: bool = False
     tm = max(8, min(m, SCRATCH_BYTES // max(1, n * item)))
     if scan_left:  # a scanned tile of the left operand must still be in cache when BLAS reads it
         tm = max(8, min(tm, SCAN_TILE_BYTES // max(1, k * item)))
-    tm = max(tm, pack_rows(m, n, k, item))
     # (tiles of at most GEMV_ROWS rows always call gemv: no micro-kernel when all are)
     fnb, fm, fn, fk = whole or dims
     form = micro.choose_form(fnb, fm, fn, fk, dt) if fm > GEMV_ROWS else None
+    if form == "blocked":  # the right operand is packed once, not per tile: tiles for reuse
+        tm = max(tm, min(m, micro.BLOCKED_MIN_TM))
+    else:
+        tm = max(tm, pack_rows(m, n, k, item))
     tm = micro.whole_blocks(form, tm)
     ntiles = nb * -(-m // tm)
     parallel = nb * m * n * k >= PARALLEL_MIN_MACS and nb * -(-m // 8) > 1
@@ -575,10 +592,10 @@ def cpu_anchor(request: KernelRequest, low: Lowering, whole: tuple[int, int, int
     micro_guard = guard if min(tm, m - (-(-m // tm) - 1) * tm) <= GEMV_ROWS else None
     left_view, right_view = batched_view(low.left_order, (nb, m, k)), batched_view(low.right_order, (nb, k, n))
     packs = None
-    if form == "bcast" and 1 in request.resident:  # resident: pack once per value
+    if form in ("bcast", "blocked") and 1 in request.resident:  # resident: pack once per value
         got = c_contiguous_layout(rt.shape, batched_view(low.right_order, (nb, k, n), copy=False), dt)
         if got is not None and got[2]:
-            packs = micro.ResidentPacks(micro.pack_module(dt).pack_right, nb, k, n, got[0], int(parallel))
+            packs = micro.ResidentPacks(micro.pack_module(dt, form).pack_right, nb, k, n, got[0], int(parallel))
     no_pack = np.empty(0, dt)
 
     def run(inputs: Sequence[np.ndarray], extras: Sequence[np.ndarray], out: np.ndarray):

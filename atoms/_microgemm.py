@@ -1,7 +1,9 @@
-"""Register-blocked GEMM tiles for the skinny products of low-rank (LoRA-style) programs.
+"""Register-blocked GEMM tiles: for the skinny products of low-rank (LoRA-style) programs, and
+a cache-blocked general GEMM for every other shape.
 
-OpenBLAS handles a thin operand poorly (docs/performance.md, tuning log: ``choose_form``).
-Two forms, each generated as a function of its own
+OpenBLAS handles a thin operand poorly, and on these machines its general kernels run
+below the FMA rate of 64-byte vectors (docs/performance.md: ``choose_form``).
+Three forms, each generated as a function of its own
 (``tile_function``) that the contract kernel (``atoms._gemm``) calls per row tile, both
 computing the tile into the hot ``scratch`` the epilogue then reads:
 
@@ -10,7 +12,12 @@ computing the tile into the hot ``scratch`` the epilogue then reads:
   value for a resident bank), the left operand's elements broadcast straight from its rows.
   For ``h · Bᵀ``, and for ``x · Aᵀ`` when the call has rows enough to pay for packing ``A``;
 - ``dot`` (small N, long K): ``MR x NR`` dot products with vectors along K, for a left
-  operand with unit K stride and a right operand with unit K stride: ``x · Aᵀ`` otherwise.
+  operand with unit K stride and a right operand with unit K stride: ``x · Aᵀ`` otherwise;
+- ``blocked`` (the rest): ``bcast``'s register tile on ``WIDE_BYTES`` vectors, in blocks of
+  ``KC`` along K: per block, the tile's left rows are packed in ``MR``-row strips, then
+  each ``KC x NR`` panel slice (L1-resident) runs down every strip (L2-resident), adding into
+  the tile's result. The right operand is packed in panels once per call, or once per
+  resident bank value.
 
 Every vector access stays inside a row of K or N elements.
 """
@@ -33,16 +40,18 @@ BCAST_MAX_K, BCAST_MIN_N, BCAST_MIN_ROWS = 64, 256, 32
 BCAST_WIDE_MIN_ROWS = 256  # x·Aᵀ-like shapes (the dot region) on bcast from this many rows
 DOT_MR, DOT_NR = 4, 2  # 8 accumulators + 2 + 1 registers of 16
 BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
+# blocked: 6 x 2 accumulators of WIDE_BYTES, K in slices of KC (a [KC, NR] panel slice is
+# 32 KiB in float32 with 64-byte vectors: L1); from BLOCKED_MIN_ROWS rows, and N of a panel
+BLOCKED_MR, BLOCKED_NV, BLOCKED_KC = 6, 2, 256
+# below these, BLAS is as fast or faster: packing costs about what the register tile saves
+# (docs/performance.md: bench/tools/gemm_forms.py)
+BLOCKED_MIN_ROWS, BLOCKED_MIN_N, BLOCKED_MIN_K = 12, 256, 128
+BLOCKED_MIN_TM = 48  # rows per tile at least: each panel slice is reused by TM / MR strips
 REMAINDER_MR = 4  # after bcast's full blocks, one block of 4 rows (8 accumulators: full rate)
 # bcast: a block's left rows copied first into one buffer, interleaved (k-major), when the
 # block then runs across at least this many panels: read straight from the rows, the six
 # broadcasts' addresses become one chain of dependent adds in LLVM's code.
 PACK_LEFT_MIN_PANELS = 16
-
-
-def ops_import(dt: str) -> str:
-    """The generated kernel's import line of the vector operations these tiles use."""
-    return simd.ops_import(dt)
 
 
 def choose_form(nb: int, m: int, n: int, k: int, dt: str = "float32") -> str | None:
@@ -52,11 +61,23 @@ def choose_form(nb: int, m: int, n: int, k: int, dt: str = "float32") -> str | N
         return "bcast" if whole_panels and nb * m >= BCAST_WIDE_MIN_ROWS else "dot"
     if k <= BCAST_MAX_K and n >= BCAST_MIN_N and nb * m >= BCAST_MIN_ROWS:
         return "bcast"
+    if nb * m >= BLOCKED_MIN_ROWS and n >= max(BLOCKED_MIN_N, blocked_nr(dt)) and k >= BLOCKED_MIN_K:
+        return "blocked"
     return None
 
 
+def blocked_nr(dt: str) -> int:
+    """Columns of a ``blocked`` panel."""
+    return BLOCKED_NV * simd.lanes(dt, wide=True)
+
+
+def panel_columns(form: str, dt: str) -> int:
+    """Columns of a panel of the right operand packed for ``form`` (bcast or blocked)."""
+    return blocked_nr(dt) if form == "blocked" else BCAST_NV * simd.lanes(dt)
+
+
 # rows (nb * m) at which choose_form's answer can change for a fixed N and K, and one below
-FORM_ROW_STEPS = (1, BCAST_MIN_ROWS, BCAST_WIDE_MIN_ROWS)
+FORM_ROW_STEPS = (1, BLOCKED_MIN_ROWS, BCAST_MIN_ROWS, BCAST_WIDE_MIN_ROWS)
 
 
 def packs_left(form: str | None, n: int, dt: str) -> bool:
@@ -65,7 +86,7 @@ def packs_left(form: str | None, n: int, dt: str) -> bool:
 
 
 def rows_per_block(form: str) -> int:
-    return DOT_MR if form == "dot" else BCAST_MR
+    return {"dot": DOT_MR, "blocked": BLOCKED_MR}.get(form, BCAST_MR)
 
 
 def whole_blocks(form: str | None, rows: int) -> int:
@@ -89,8 +110,9 @@ def balanced_rows(form: str | None, rows: int, tiles: int) -> int:
 
 
 def usable(form: str, ta: int, tb: int) -> bool:
-    """Whether ``form`` can read operands of these BLAS layouts (``bcast`` packs both)."""
-    return form == "bcast" or (ta == 0 and tb == 1)
+    """Whether ``form`` can read operands of these BLAS layouts (``bcast`` and ``blocked``
+    read either)."""
+    return form != "dot" or (ta == 0 and tb == 1)
 
 
 _LOCALS = re.compile(r"\b(i|j|pq|pc|npad|rs|ks|ab|bb|kv|kk|bp|(?:s|c|a|b|pa|pb)\d+(?:_\d+)?|pb)\b")
@@ -149,16 +171,15 @@ def dot_tile(dt: str, pad: str) -> list[str]:
     return _own(_indent(L, pad))
 
 
-def pack_source(dt: str) -> list[str]:
+def pack_source(dt: str, nr: int) -> list[str]:
     """The module's ``pack_right(bm, nb, k, n, sbb, ldb, tb, par)``: every right-operand
-    batch ``q`` packed in panels of ``NR`` columns, ``bp[q][j0 // NR][k, j - j0]`` (the last
+    batch ``q`` packed in panels of ``nr`` columns, ``bp[q][j0 // NR][k, j - j0]`` (the last
     panel zero-padded), so that a ``bcast`` block walks its panel's ``k * NR`` elements in
     order: a row-major ``[K, N]`` copy would make every step of K a jump of a whole row
     (4 KiB for the seed), which starved the FMAs. Panels are packed in parallel when ``par``
     is set (a run-time choice: one compiled function serves every extent); one module per
-    dtype (:func:`pack_function`), so that a resident operand can be packed once, outside the
-    kernel (``micro == 2``)."""
-    nr = BCAST_NV * simd.lanes(dt)
+    dtype and panel width (:func:`pack_function`), so that a resident operand can be packed
+    once, outside the kernel (``micro == 2``)."""
     body = ["pt = np.int64(t)",  # (prange may type it unsigned)
             "q = pt // npan",
             f"j0 = (pt - q * npan) * {nr}",
@@ -195,17 +216,19 @@ def pack_source(dt: str) -> list[str]:
             "    return bp", "", ""]
 
 
-def pack_function(dt: str, import_as: str = "pack_right") -> str:
-    """The import line of the shared ``pack_right`` of ``dt`` (:func:`pack_source`)."""
-    return f"from {pack_module(dt).__name__} import pack_right as {import_as}"
+def pack_function(dt: str, import_as: str = "pack_right", form: str = "bcast") -> str:
+    """The import line of the shared ``pack_right`` of ``dt`` for ``form`` (:func:`pack_source`)."""
+    return f"from {pack_module(dt, form).__name__} import pack_right as {import_as}"
 
 
-def pack_module(dt: str):
-    """The generated module holding ``pack_right`` for ``dt`` (compiled once, cached)."""
+def pack_module(dt: str, form: str = "bcast"):
+    """The generated module holding ``pack_right`` for ``dt`` and ``form``'s panel width
+    (compiled once, cached)."""
     from runtime.kernels.codegen import configure_numba_cache, load_generated
 
-    source = "\n".join([f'"""Generated by atoms._microgemm: the bcast right-operand packing, {dt}."""',
-                        "import numpy as np", "from numba import njit, prange", "", "", *pack_source(dt)])
+    nr = panel_columns(form, dt)
+    source = "\n".join([f'"""Generated by atoms._microgemm: the right-operand packing in panels of {nr}, {dt}."""',
+                        "import numpy as np", "from numba import njit, prange", "", "", *pack_source(dt, nr)])
     configure_numba_cache()
     return load_generated(source, "bcast_pack")
 
@@ -253,9 +276,51 @@ def bcast_tile(dt: str, pad: str, pack_left: bool = False) -> list[str]:
     return _own(_indent(L, pad))
 
 
+def blocked_tile(dt: str, pad: str) -> list[str]:
+    """``scratch[i, j] = sum_k A[i0 + i, k] bp[k, j]`` for the tile's rows, into a scratch
+    of rows of whole panels (``bn`` columns: a register tile stores whole vectors), the tile's
+    rows rounded up to whole strips (padding rows are zero). Every element is one chain of
+    FMAs in K order, whichever tile and strip hold it: a slice of a run computes it alike."""
+    lanes, mr, nr, kc = simd.lanes(dt, wide=True), BLOCKED_MR, blocked_nr(dt), BLOCKED_KC
+    R, V = range(mr), range(BLOCKED_NV)
+    u = "np.uint64"
+    strip = ["if kc0 == 0:", *[f"    c{r}_{v} = vzero()" for r in R for v in V], "else:",
+             *[f"    c{r}_{v} = vload(scratch, so + {u}({r}) * sn + {u}({v * lanes}))" for r in R for v in V],
+             f"pa = {u}(ib * kw)", f"pb = {u}(pbb)", f"for kk in range({u}(kw)):",
+             *[f"    b{v} = vload(m_bp, pb + {u}({v * lanes}))" for v in V]]
+    for r in R:
+        strip += [f"    a{r} = vbcast(apk[pa + {u}({r})])"] + [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
+    strip += [f"    pa += {u}({mr})", f"    pb += {u}({nr})"]
+    strip += [f"vstore(scratch, so + {u}({r}) * sn + {u}({v * lanes}), c{r}_{v})" for r in R for v in V]
+    L = [f"bn = (n + {nr - 1}) // {nr} * {nr}", f"sn = {u}(bn)",
+         "pq = (bi if sbb != 0 else 0) * k * bn",  # this batch's panels (pack_right's layout)
+         f"ks = {u}(lda if ta else 1)", "rs = 1 if ta else lda",
+         f"rpad = (rows + {mr - 1}) // {mr} * {mr}",
+         f"for kc0 in range(0, k, {kc}):",
+         f"    kw = min({kc}, k - kc0)",
+         # the strips: element (kk, r) of strip ib at ib * kw + kk * MR + r
+         f"    for ib in range(0, rpad, {mr}):",
+         f"        for r in range({mr}):",
+         f"            dst = {u}(ib * kw + r)",
+         "            if ib + r < rows:",
+         f"                src = {u}(bi * sab + (i0 + ib + r) * rs + kc0 * (lda if ta else 1))",
+         f"                for kk in range({u}(kw)):",
+         f"                    apk[dst + kk * {u}({mr})] = am[src + kk * ks]",
+         "            else:",
+         f"                for kk in range({u}(kw)):",
+         f"                    apk[dst + kk * {u}({mr})] = 0",
+         f"    for j0 in range(0, bn, {nr}):",
+         f"        pbb = pq + j0 * k + kc0 * {nr}",
+         f"        for ib in range(0, rpad, {mr}):",
+         f"            so = {u}(ib * bn + j0)",
+         *_indent(strip, "            ")]
+    return _indent(L, pad)
+
+
 # The tiles' parameters when compiled as functions of their own (names as ``_own`` leaves them)
 TILE_PARAMS = {"bcast": "am, m_bp, scratch, apk, bi, sab, sbb, ta, lda, m_npad, i0, rows, n, k",
-               "dot": "am, bm, scratch, bi, sab, sbb, lda, ldb, i0, rows, n, k"}
+               "dot": "am, bm, scratch, bi, sab, sbb, lda, ldb, i0, rows, n, k",
+               "blocked": "am, m_bp, scratch, apk, bi, sab, sbb, ta, lda, i0, rows, n, k"}
 
 
 def tile_function(form: str, dt: str, pack_left: bool = False, import_as: str = "_tile") -> str:
@@ -265,10 +330,12 @@ def tile_function(form: str, dt: str, pack_left: bool = False, import_as: str = 
     into each kernel, it made every kernel's compilation longer."""
     from runtime.kernels.codegen import configure_numba_cache, load_generated
 
-    body = dot_tile(dt, "    ") if form == "dot" else bcast_tile(dt, "    ", pack_left)
+    body = {"dot": lambda: dot_tile(dt, "    "), "blocked": lambda: blocked_tile(dt, "    ")}.get(
+        form, lambda: bcast_tile(dt, "    ", pack_left))()
     what = f"{form} {dt}" + (" packed left" if pack_left else "")
     source = "\n".join([f'"""Generated by atoms._microgemm: the {what} micro-kernel tile."""',
-                        "import numpy as np", "from numba import njit", ops_import(dt), "", "",
+                        "import numpy as np", "from numba import njit",
+                        simd.ops_import(dt, wide=form == "blocked"), "", "",
                         "@njit(cache=True, nogil=True, error_model='numpy')",
                         f"def tile({TILE_PARAMS[form]}):", *body, ""])
     configure_numba_cache()

@@ -285,3 +285,32 @@ def test_a_resident_right_operand_is_packed_once_per_value_and_never_stale():
     del first
     gc.collect()
     assert len(packs[0]._packed) == 1  # the dead value's pack went with it
+
+
+def mlp_program():
+    """x · W1ᵀ → gelu → · W2ᵀ, both products on the blocked GEMM (N ≥ 256, K ≥ 128)."""
+    b = ProgramBuilder()
+    x = b.input("x", {"T": "T", "D": 160})
+    w1, w2 = b.bank("w1", {"F": 300, "D": 160}), b.bank("w2", {"E": 272, "F": 300})
+    h = b.op("contract", [x, w1], {"reduce_axes": [["D", "D"]], "output_axes": ["T", "F"],
+                                   "accumulation_dtype": "float32"})
+    h = b.op("scalar-map", [h], {"mode": "gelu"})
+    y = b.op("contract", [h, w2], {"reduce_axes": [["F", "F"]], "output_axes": ["T", "E"],
+                                   "accumulation_dtype": "float32"})
+    return b.build(outputs=[y]), y
+
+
+def test_resident_banks_packed_for_the_blocked_gemm_give_the_per_run_results():
+    from atoms import _microgemm as micro
+
+    program, out = mlp_program()
+    exe = runtime.compile(program, "cpu")
+    for T in (13, 200):
+        assert micro.choose_form(1, T, 300, 160) == micro.choose_form(1, T, 272, 300) == "blocked"
+        inputs, banks = random_values(program, {"T": T}, seed=T)
+        want = np.array(exe.run(inputs=inputs, banks=banks)[out])
+        resident = exe.load_banks(banks)
+        for _ in range(3):
+            np.testing.assert_array_equal(exe.run(inputs=inputs, banks=resident)[out], want)
+        ref = runtime.compile(program, "reference").run(inputs=inputs, banks=banks)[out]
+        np.testing.assert_allclose(want, ref, rtol=2e-4, atol=2e-4)

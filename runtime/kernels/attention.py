@@ -42,19 +42,10 @@ BLOCK_ROWS = 32  # query rows per task: keys packed in cache are reused by this 
 TILE_ROWS = 4  # rows of a register tile
 
 
-def _vector_registers() -> int:
-    """32 where the target has AVX-512 (its 32 vector registers serve 32-byte vectors too),
-    else 16; the target is Numba's (NUMBA_CPU_FEATURES, else the host's)."""
-    from numba.core import config
-    import llvmlite.binding as ll
-
-    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else ll.get_host_cpu_features().flatten()
-    return 32 if "+avx512f" in features.split(",") else 16
-
-
 # vectors of keys (values) per register tile of scores (outputs): 4 rows × 4 vectors is 16
-# accumulators, which fit 32 registers and halve the loads per multiply-add of 4 × 2
-QK_VECTORS = PV_VECTORS = 4 if _vector_registers() == 32 else 2
+# accumulators, which fit AVX-512's 32 registers (they serve 32-byte vectors too) and halve
+# the loads per multiply-add of 4 × 2, the most that 16 registers hold
+QK_VECTORS = PV_VECTORS = 4 if simd.avx512() else 2
 DYNAMIC_CHUNKS = 16  # chunks per parallel call (dynamic scheduling: a causal mask's tasks differ)
 VERSION = 5
 

@@ -3,11 +3,14 @@
 LLVM's auto-vectoriser keeps a loop's accumulator in memory or in one register, so a
 hand-written matrix tile in Numba runs at a fraction of the FMA rate. These intrinsics give
 generated code LLVM vector values (``<8 x float>``, ``<4 x double>``: one 32-byte AVX
-register) that stay in registers across a loop: unaligned load/store, broadcast, fused
-multiply-add and a horizontal sum. On targets with narrower vectors LLVM splits them.
+register; and 64-byte ones, ``<16 x float>``, ``<8 x double>``, for the kernels that size
+their tiles by :data:`WIDE_BYTES`) that stay in registers across a loop: unaligned
+load/store, broadcast, fused multiply-add and a horizontal sum. On targets with narrower
+vectors LLVM splits them.
 
-Names are ``<op>_<f32x8|f64x4>``; :func:`ops_import` gives generated sources their import
-line (with :data:`VERSION`, so a change here renames every generated module and its cache).
+Names are ``<op>_<f32x8|f64x4|f32x16|f64x8>``; :func:`ops_import` gives generated sources
+their import line (with :data:`VERSION`, so a change here renames every generated module and
+its cache).
 Built on them, ``nonfinite_<f32|f64>(flat, lo, hi)`` is the finiteness scan of SPEC §4 at
 vector speed (:func:`scan_import`).
 """
@@ -20,6 +23,21 @@ from numba.extending import intrinsic, models, register_model
 
 VERSION = 2
 VECTOR_BYTES = 32
+
+
+def avx512() -> bool:
+    """Whether Numba's target (NUMBA_CPU_FEATURES, else the host's) has AVX-512: 32 vector
+    registers, of 64 bytes."""
+    from numba.core import config
+    import llvmlite.binding as ll
+
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else ll.get_host_cpu_features().flatten()
+    return "+avx512f" in features.split(",")
+
+
+# The widest vector the target computes at full rate: a register tile of these (the blocked
+# GEMM's) does twice the work per instruction of 32-byte ones where AVX-512 is present.
+WIDE_BYTES = 64 if avx512() else VECTOR_BYTES
 OPS = ("load", "store", "bcast", "zero", "fma", "hsum")
 
 
@@ -47,11 +65,11 @@ def _element_pointer(context, builder, aryty, ary, index, indexty, vec):
     return builder.bitcast(at, vec.as_pointer())
 
 
-def _define(dtype):
-    """The six vector operations for one float dtype (the caller validates indices: these
-    read and write ``lanes`` elements from ``index`` with no bounds check)."""
+def _define(dtype, nbytes: int = VECTOR_BYTES):
+    """The six vector operations for one float dtype and vector size (the caller validates
+    indices: these read and write ``lanes`` elements from ``index`` with no bounds check)."""
     item = 4 if dtype == types.float32 else 8
-    lanes = VECTOR_BYTES // item
+    lanes = nbytes // item
     vt = Vector(dtype, lanes)
     vec = _llvm_vector(dtype, lanes)
 
@@ -124,10 +142,13 @@ _F32, LANES_F32 = _define(types.float32)
 _F64, LANES_F64 = _define(types.float64)
 globals().update({f"{op}_f32x8": fn for op, fn in _F32.items()})
 globals().update({f"{op}_f64x4": fn for op, fn in _F64.items()})
+globals().update({f"{op}_f32x16": fn for op, fn in _define(types.float32, 64)[0].items()})
+globals().update({f"{op}_f64x8": fn for op, fn in _define(types.float64, 64)[0].items()})
 
 
-def lanes(dt: str) -> int:
-    return LANES_F32 if dt == "float32" else LANES_F64
+def lanes(dt: str, wide: bool = False) -> int:
+    """Elements per vector of ``dt``: 32-byte vectors, or ``WIDE_BYTES`` ones (``wide``)."""
+    return (WIDE_BYTES if wide else VECTOR_BYTES) // (4 if dt == "float32" else 8)
 
 
 def lane_reduce(builder, x, lanes: int, combine):
@@ -143,9 +164,10 @@ def lane_reduce(builder, x, lanes: int, combine):
     return builder.extract_element(x, ir.Constant(ir.IntType(32), 0))
 
 
-def ops_import(dt: str) -> str:
-    """``from runtime.kernels.simd import load_f32x8 as vload, ...`` (v-prefixed local names)."""
-    suffix = "f32x8" if dt == "float32" else "f64x4"
+def ops_import(dt: str, wide: bool = False) -> str:
+    """``from runtime.kernels.simd import load_f32x8 as vload, ...`` (v-prefixed local names;
+    ``wide``: the operations on ``WIDE_BYTES`` vectors)."""
+    suffix = f"f{'32' if dt == 'float32' else '64'}x{lanes(dt, wide)}"
     names = ", ".join(f"{op}_{suffix} as v{op}" for op in OPS)
     return f"from runtime.kernels.simd import {names}  # simd v{VERSION}"
 

@@ -356,6 +356,12 @@ def test_empty_epilogue_anchor_equals_plain_kernel():
 
 # --- register-blocked micro-kernel tiles (atoms._microgemm) ----------------------------------
 
+def micro_form(*dims):
+    from atoms import _microgemm as micro
+
+    return micro.choose_form(*dims)
+
+
 def force_form(monkeypatch, form):
     """Every contract kernel built now uses ``form`` where its operands allow; returns the list
     of (form, usable) answers the runs gave, so a test can see the micro-kernel ran."""
@@ -381,6 +387,13 @@ MICRO_CASES = [  # rows and columns with block remainders (rows: every halving b
     ("bcast", [("k", "k")], "ij", T("ik", (37, 24)), T("jk", (40, 24))),
     ("bcast", [("k", "k")], "ij", T("ki", (7, 13)), T("kj", (7, 35))),
     ("bcast", [("k", "k")], "bij", T("bik", (2, 11, 5)), T("bkj", (2, 5, 17))),
+    # blocked: rows and columns off whole strips and panels, K over one slice and not whole
+    ("blocked", [("k", "k")], "ij", T("ik", (13, 300)), T("kj", (300, 45))),
+    ("blocked", [("k", "k")], "ij", T("ik", (37, 600)), T("jk", (70, 600))),
+    ("blocked", [("k", "k")], "ij", T("ki", (7, 13)), T("kj", (7, 35))),
+    ("blocked", [("k", "k")], "ij", T("ik", (6, 256)), T("kj", (256, 32))),
+    ("blocked", [("k", "k")], "bij", T("bik", (3, 11, 260)), T("bkj", (3, 260, 17))),
+    ("blocked", [("k", "k")], "bji", T("bik", (2, 9, 40)), T("jk", (33, 40))),
 ]
 
 
@@ -413,7 +426,7 @@ def test_cpu_bcast_with_packed_left_rows_matches_reference(monkeypatch, dtype, f
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(layout=layouts(), seed=st.integers(0, 2**16), form=st.sampled_from(["dot", "bcast"]))
+@given(layout=layouts(), seed=st.integers(0, 2**16), form=st.sampled_from(["dot", "bcast", "blocked"]))
 def test_cpu_micro_kernels_any_layout(layout, seed, form):
     """Any axis order and operand memory (Fortran, strided, read-only): the micro-kernel where
     the layout allows, BLAS otherwise, the same values either way."""
@@ -432,8 +445,12 @@ def test_micro_forms_chosen_for_the_seed_shapes():
     assert micro.choose_form(1, 8192, 1024, 32) == "bcast"  # h · Bᵀ
     assert micro.choose_form(1, 256, 1024, 32) == "bcast"
     assert micro.choose_form(1, 16, 1024, 32) is None  # packing B would cost about what it saves
-    assert micro.choose_form(1, 512, 512, 512) is None  # square: BLAS
+    assert micro.choose_form(1, 512, 512, 512) == "blocked"  # the rest: the blocked GEMM
+    assert micro.choose_form(1, 128, 2048, 512) == "blocked"  # (a block's MLP at 128 tokens)
+    assert micro.choose_form(1, 512, 128, 512) is None  # narrow: BLAS as fast
+    assert micro.choose_form(1, 8, 512, 512) is None  # too few rows to pay for the packing
     assert micro.usable("dot", 0, 1) and not micro.usable("dot", 1, 1) and micro.usable("bcast", 1, 0)
+    assert micro.usable("blocked", 1, 0) and micro.usable("blocked", 0, 1)
 
 
 def test_pack_rows_amortise_packing_a_large_right_operand():
@@ -446,10 +463,14 @@ def test_pack_rows_amortise_packing_a_large_right_operand():
     assert _gemm.pack_rows(4096, 16384, 64, item) == _gemm.WIDE_SCRATCH_BYTES // (16384 * item)
 
 
-def test_cpu_wide_contraction_with_gelu_epilogue_uses_large_tiles_and_matches_reference():
-    """A right operand of 2 MiB: tiles of at least PACK_ROWS rows (not the 256 KiB scratch's
-    32), results as the reference with the exact gelu (vectorised erf) fused."""
+@pytest.mark.parametrize("form", [None, "blocked"])
+def test_cpu_wide_contraction_with_gelu_epilogue_uses_large_tiles_and_matches_reference(monkeypatch, form):
+    """A right operand of 2 MiB: BLAS tiles of at least PACK_ROWS rows (not the 256 KiB
+    scratch's 32; the blocked GEMM, this shape's form, packs it once), results as the
+    reference with the exact gelu (vectorised erf) fused."""
     m, n, k = 700, 2048, 256
+    assert micro_form(1, m, n, k) == "blocked"
+    seen = force_form(monkeypatch, form)
     node = bind([("k", "k")], "ij", T("ik", (m, k)), T("jk", (n, k)))
     gelu = Epilogue((EpilogueStep(node, ScalarOp("(0.5 * {0} * (1.0 + math.erf({0} * 0.7071067811865476)))"),
                                   (CHAIN,)),), (), ())
@@ -457,8 +478,10 @@ def test_cpu_wide_contraction_with_gelu_epilogue_uses_large_tiles_and_matches_re
     ints = run.compiled.params[0].value
     import numba
 
-    # one tile per worker (700 rows in two tiles on two threads), not 22 tiles of 32 rows
-    assert _gemm.PACK_ROWS >= 350 and ints[_gemm._I_TM] >= -(-m // max(2, numba.get_num_threads()))
+    if form is None:  # one tile per worker (700 rows in two tiles on two threads), not 22 tiles of 32 rows
+        assert _gemm.PACK_ROWS >= 350 and ints[_gemm._I_TM] >= -(-m // max(2, numba.get_num_threads()))
+    else:
+        assert ints[_gemm._I_FORM] == _gemm.FORM_IDS["blocked"] and seen and all(seen)
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32) / 16
     got = np.empty((m, n), np.float32)

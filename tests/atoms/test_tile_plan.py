@@ -48,10 +48,18 @@ def test_a_scanned_left_tile_fits_the_scan_budget():
     assert scanned.tm <= micro.whole_blocks(scanned.form, _gemm.SCAN_TILE_BYTES // (k * item))
 
 
-def test_a_right_operand_too_big_for_cache_gets_long_tiles():
+def test_a_right_operand_too_big_for_cache_gets_long_blas_tiles(monkeypatch):
     nb, m, n, k = 1, 4096, 4096, 1024  # right operand 16 MiB in float32
+    monkeypatch.setattr(micro, "choose_form", lambda *dims: None)
     plan = _gemm.plan_tiles((nb, m, n, k), "float32", threads=1)
     assert plan.tm >= min(m, _gemm.PACK_ROWS)
+
+
+def test_blocked_tiles_stay_short_since_the_right_operand_is_packed_once():
+    nb, m, n, k = 1, 4096, 4096, 1024
+    plan = _gemm.plan_tiles((nb, m, n, k), "float32", threads=1)
+    assert plan.form == "blocked" and micro.BLOCKED_MIN_TM <= plan.tm < _gemm.PACK_ROWS
+    assert plan.tm % micro.BLOCKED_MR == 0
 
 
 def test_a_slice_takes_the_form_of_the_whole_run():
