@@ -47,6 +47,7 @@ BLOCKED_MR, BLOCKED_NV, BLOCKED_KC = 6, 2, 256
 # (docs/performance.md: bench/tools/gemm_forms.py)
 BLOCKED_MIN_ROWS, BLOCKED_MIN_N, BLOCKED_MIN_K = 12, 256, 128
 BLOCKED_MIN_TM = 48  # rows per tile at least: each panel slice is reused by TM / MR strips
+BLOCKED_MIN_SPLIT = 24  # ... and at least this many when a call is split for more tiles
 REMAINDER_MR = 4  # after bcast's full blocks, one block of 4 rows (8 accumulators: full rate)
 # bcast: a block's left rows copied first into one buffer, interleaved (k-major), when the
 # block then runs across at least this many panels: read straight from the rows, the six
@@ -100,11 +101,11 @@ def balanced_rows(form: str | None, rows: int, tiles: int) -> int:
     """Rows per tile for ``rows`` in ``tiles`` tiles of about equal size, for a micro-kernel
     rounded up to whole blocks or whole blocks and a block of ``REMAINDER_MR`` rows, which
     runs at the full rate (a lone row runs at a quarter of it): at T=256, tiles of 130 and
-    126 rows rather than of 132 and 124."""
+    126 rows rather than of 132 and 124; for ``blocked``, whole strips."""
     tm = -(-rows // max(1, tiles))
-    if form:
+    if form:  # (blocked tiles pad their last strip instead: whole strips only)
         mr = rows_per_block(form)
-        while tm % mr not in (0, REMAINDER_MR % mr):
+        while tm % mr not in ((0,) if form == "blocked" else (0, REMAINDER_MR % mr)):
             tm += 1
     return tm
 

@@ -34,9 +34,20 @@ def test_small_calls_stay_on_one_worker_and_tiny_ones_on_gemv():
     assert (plan.parallel, plan.nwork, plan.form) == (False, 1, None)  # 3 rows <= GEMV_ROWS
 
 
-def test_large_calls_split_evenly_over_the_threads():
+def test_large_blas_calls_split_evenly_over_the_threads(monkeypatch):
+    monkeypatch.setattr(micro, "choose_form", lambda *dims: None)
     plan = _gemm.plan_tiles((1, 4096, 1024, 1024), "float32", threads=2)
     assert plan.parallel and plan.nwork == 2 and plan.ntiles % 2 == 0
+
+
+@pytest.mark.parametrize("m", [128, 300, 4096])
+def test_blocked_calls_give_each_thread_several_tiles_of_whole_strips(m):
+    """Workers take tiles as they come free: several per thread, so that one on a busy core
+    takes fewer; no tile shorter than BLOCKED_MIN_SPLIT rows (nor padded, but the last)."""
+    plan = _gemm.plan_tiles((1, m, 2048, 512), "float32", threads=2)
+    assert plan.form == "blocked" and plan.parallel and plan.nwork == 2
+    assert plan.ntiles >= min(2 * _gemm.BLOCKED_TILES_PER_THREAD, m // micro.BLOCKED_MIN_SPLIT)
+    assert plan.tm >= micro.BLOCKED_MIN_SPLIT and plan.tm % micro.BLOCKED_MR == 0
 
 
 def test_a_scanned_left_tile_fits_the_scan_budget():
