@@ -46,7 +46,7 @@ PARALLEL_MIN_MACS = int(os.environ.get("FORMULA_CONTRACT_PARALLEL_MIN", 1 << 21)
 # BLAS call packs the whole right operand again. Blocked tiles share one packed right operand:
 # several per thread let a worker on a busy core take fewer (noisy neighbour).
 TILES_PER_THREAD = 1
-BLOCKED_TILES_PER_THREAD = 4
+BLOCKED_TILES_PER_THREAD = int(os.environ.get("FORMULA_CONTRACT_BLOCKED_TILES", 4))
 SCAN_TILE_BYTES = 512 * 1024  # a left-operand tile scanned for finiteness: half of L2
 # Every BLAS call packs the whole right operand: over a right operand larger than cache, row
 # tiles as small as the scratch above would re-pack it every few rows, so there tiles get at
