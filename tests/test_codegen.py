@@ -163,7 +163,10 @@ def test_unsupported_dtype_is_backend_unavailable():
         assert info.value.path == nodes[-1].path and "float16" in info.value.message
 
 
-def test_parallel_nest_calls_schedule_dynamically_and_restore_the_chunk_size(monkeypatch):
+def test_parallel_nest_calls_take_their_tasks_from_a_ticket(monkeypatch):
+    """The parallel twin gives the serial kernel's values, its workers taking chunks of rows
+    from a shared ticket (not Numba's chunk size: under the omp layer it deals chunks out
+    statically)."""
     import numba
 
     (epilogue, nodes), _ = seed_chain([64, 64])
@@ -172,14 +175,23 @@ def test_parallel_nest_calls_schedule_dynamically_and_restore_the_chunk_size(mon
     extras = [rng.standard_normal((64, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32),
               rng.standard_normal((64, 64)).astype(np.float32)]
     serial = run_cpu(epilogue, xt, extras, np.float32)
-    seen = []
-    real = numba.set_parallel_chunksize
-
-    def record(n):
-        seen.append(n)
-        return real(n)
-    monkeypatch.setattr(numba, "set_parallel_chunksize", record)
+    monkeypatch.setattr(numba, "set_parallel_chunksize", None)  # (not used any more)
     monkeypatch.setattr(cpu_codegen, "PARALLEL_MIN_ELEMENTS", 1)
     np.testing.assert_array_equal(run_cpu(epilogue, xt, extras, np.float32), serial)
-    # 64 rows in DYNAMIC_CHUNKS chunks during the call, the caller's setting (0) back after
-    assert seen == [64 // cpu_codegen.DYNAMIC_CHUNKS, 0] and numba.get_parallel_chunksize() == 0
+    assert "_take(ticket)" in cpu_codegen.render("k", [("x", "float32", 1, True)],
+                                                 cpu_codegen.loop_nest(["x.shape[0]"], ["x[i0] = 1"], True), True)
+
+
+@pytest.mark.parametrize("count, chunks", [(0, 16), (1, 16), (5, 16), (64, 16), (1000, 16), (37, 1), (3, 3), (100, 7)])
+def test_dynamic_tasks_run_every_task_exactly_once(count, chunks):
+    from numba import njit, prange
+
+    from runtime.kernels.atomic import left, take
+
+    lines = cpu_codegen.dynamic_tasks("hits.shape[0]", ["hits[t] += 1"], chunks)
+    scope = dict(np=np, prange=prange, _left=left, _take=take)
+    exec("\n".join(["def run(hits):", *lines]), scope)
+    run = njit(parallel=True)(scope["run"])
+    hits = np.zeros(count, np.int64)
+    run(hits)
+    assert (hits == 1).all()

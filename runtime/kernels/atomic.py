@@ -22,6 +22,31 @@ def _fetch_add(typingctx, arr, index, value):
     return types.int64(arr, index, value), codegen
 
 
+@intrinsic
+def _load(typingctx, arr, index):
+    """``arr[index]`` as an atomic load (a plain read may be forwarded or hoisted by LLVM)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64 and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        at = builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.intp)])
+        return builder.load_atomic(at, "acquire", 8)
+    return types.int64(arr, index), codegen
+
+
+# Workers of a parallel ticket loop (``for w in prange(WORKERS)``): at least any machine's
+# threads, as a constant (``numba.get_num_threads()`` in a kernel keeps it out of the disk
+# cache); the extra ones find the tickets gone at once (:func:`left`).
+WORKERS = 64
+
+
+@njit(nogil=True, inline="always")
+def left(ticket, count):
+    """Whether tasks below ``count`` may be left to take (one atomic read, no write)."""
+    return _load(ticket, 0) < count
+
+
 @njit(nogil=True, inline="always")
 def take(ticket):
     """The next task number from ``ticket`` (an int64 array of one element, from 0)."""
