@@ -4,7 +4,7 @@ a cache-blocked general GEMM for every other shape.
 OpenBLAS handles a thin operand poorly, and on these machines its general kernels run
 below the FMA rate of 64-byte vectors (docs/performance.md: ``choose_form``).
 Three forms, each generated as a function of its own
-(``tile_function``) that the contract kernel (``atoms._gemm``) calls per row tile, both
+(``tile_function``) that the contract kernel (``atoms._gemm``) calls per row tile, each
 computing the tile into the hot ``scratch`` the epilogue then reads:
 
 - ``bcast``: ``MR x NR`` outer-product accumulators (6 rows x 2 vectors), the right operand
@@ -174,8 +174,8 @@ def dot_tile(dt: str, pad: str) -> list[str]:
 
 def pack_source(dt: str, nr: int) -> list[str]:
     """The module's ``pack_right(bm, nb, k, n, sbb, ldb, tb, par)``: every right-operand
-    batch ``q`` packed in panels of ``nr`` columns, ``bp[q][j0 // NR][k, j - j0]`` (the last
-    panel zero-padded), so that a ``bcast`` block walks its panel's ``k * NR`` elements in
+    batch ``q`` packed in panels of ``nr`` columns, ``bp[q][j0 // nr][k, j - j0]`` (the last
+    panel zero-padded), so that a register block walks its panel's ``k * nr`` elements in
     order: a row-major ``[K, N]`` copy would make every step of K a jump of a whole row
     (4 KiB for the seed), which starved the FMAs. Panels are packed in parallel when ``par``
     is set (a run-time choice: one compiled function serves every extent); one module per
