@@ -44,9 +44,10 @@ SCRATCH_BYTES = int(os.environ.get("FORMULA_CONTRACT_SCRATCH", 256 * 1024))
 PARALLEL_MIN_MACS = int(os.environ.get("FORMULA_CONTRACT_PARALLEL_MIN", 1 << 21))
 # Workers take tiles dynamically, but more BLAS tiles per thread only shrink the tiles: each
 # BLAS call packs the whole right operand again. Blocked tiles share one packed right operand:
-# several per thread let a worker on a busy core take fewer (noisy neighbour).
+# two per thread let a worker on a busy core take fewer (noisy neighbour; more cost speed on
+# an idle machine: docs/performance.md, tuning log).
 TILES_PER_THREAD = 1
-BLOCKED_TILES_PER_THREAD = int(os.environ.get("FORMULA_CONTRACT_BLOCKED_TILES", 4))
+BLOCKED_TILES_PER_THREAD = int(os.environ.get("FORMULA_CONTRACT_BLOCKED_TILES", 2))
 SCAN_TILE_BYTES = 512 * 1024  # a left-operand tile scanned for finiteness: half of L2
 # Every BLAS call packs the whole right operand: over a right operand larger than cache, row
 # tiles as small as the scratch above would re-pack it every few rows, so there tiles get at
