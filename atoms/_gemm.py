@@ -404,7 +404,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
           *(["        elif micro and form == 3:",
              f"            _tile_bcastp({micro.TILE_PARAMS['bcast']})"] if 3 in forms else []),
           *(["        elif micro and form == 4:",
-             f"            _tile_blocked({micro.TILE_PARAMS['blocked']})"] if wide else []),
+             f"            _tile_blocked({micro.BLOCKED_ARGS})"] if wide else []),
           "        else:",
           f"            {blas}(pch, pch + 1, pprm, pprm + 4, pprm + 8, psc,",
           f"                   pb + bi * sbb * {item}, pprm + 12, pa + (bi * sab + arow) * {item}, pprm + 16,",
