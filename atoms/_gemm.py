@@ -31,7 +31,7 @@ from runtime.kernels.codegen import configure_numba_cache, load_generated
 from runtime.core.errors import FormulaError
 from runtime.plan.fusion import EMPTY_EPILOGUE, Epilogue
 from runtime.plugins.kernel import Counts, Kernel, KernelRequest
-from runtime.kernels.layout import keepdims_order
+from runtime.kernels.layout import c_strides, keepdims_order
 from runtime.core.types import TensorType
 
 from . import _microgemm as micro
@@ -134,14 +134,6 @@ def classify(offs: np.ndarray) -> tuple[str, int]:
     if offs[0] == 0 and np.array_equal(offs, np.arange(offs.size, dtype=np.int64) * step):
         return ("unit" if step == 1 else "affine"), step
     return "table", 0
-
-
-def c_strides(shape: Sequence[int]) -> list[int]:
-    strides, acc = [], 1
-    for ext in reversed(shape):
-        strides.append(acc)
-        acc *= ext
-    return strides[::-1]
 
 
 @attrs.frozen

@@ -277,13 +277,17 @@ def bcast_tile(dt: str, pad: str, pack_left: bool = False) -> list[str]:
     return _own(_indent(L, pad))
 
 
-def blocked_tile(dt: str, pad: str) -> list[str]:
+def blocked_tile(dt: str, pad: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, kc: int = BLOCKED_KC,
+                 lanes: int | None = None) -> list[str]:
     """``scratch[i, j] = sum_k A[i0 + i, k] bp[k, j]`` for the tile's rows, into a scratch
     of rows of whole panels (``bn`` columns: a register tile stores whole vectors), the tile's
     rows rounded up to whole strips (padding rows are zero). Every element is one chain of
-    FMAs in K order, whichever tile and strip hold it: a slice of a run computes it alike."""
-    lanes, mr, nr, kc = simd.lanes(dt, wide=True), BLOCKED_MR, blocked_nr(dt), BLOCKED_KC
-    R, V = range(mr), range(BLOCKED_NV)
+    FMAs in K order, whichever tile and strip hold it: a slice of a run computes it alike.
+    The shape parameters (``lanes``: of the vector operations in scope, by default the
+    ``WIDE_BYTES`` ones) are the runtime's; bench/tools/blocked_tile_ab.py varies them."""
+    lanes = lanes or simd.lanes(dt, wide=True)
+    nr = nv * lanes
+    R, V = range(mr), range(nv)
     u = "np.uint64"
     strip = ["if kc0 == 0:", *[f"    c{r}_{v} = vzero()" for r in R for v in V], "else:",
              *[f"    c{r}_{v} = vload(scratch, so + {u}({r}) * sn + {u}({v * lanes}))" for r in R for v in V],

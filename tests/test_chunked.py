@@ -80,16 +80,9 @@ def test_slices_on_the_blocked_gemm_give_the_whole_run_bit_for_bit(chunks):
     of 1 to 40 rows computes each element as the whole run does (the form is the whole run's,
     strips are padded)."""
     from atoms import _microgemm as micro
+    from tests.test_resident import mlp_program
 
-    b = ProgramBuilder()
-    x = b.input("x", {"T": "T", "D": 136})
-    w1, w2 = b.bank("w1", {"F": 288, "D": 136}), b.bank("w2", {"E": 260, "F": 288})
-    h = b.op("contract", [x, w1], {"reduce_axes": [["D", "D"]], "output_axes": ["T", "F"],
-                                   "accumulation_dtype": "float32"})
-    h = b.op("scalar-map", [h], {"mode": "silu"})
-    y = b.op("contract", [h, w2], {"reduce_axes": [["F", "F"]], "output_axes": ["T", "E"],
-                                   "accumulation_dtype": "float32"})
-    program = b.build(outputs=[y])
+    program, y = mlp_program(136, 288, 260, "silu")
     assert micro.choose_form(1, 150, 288, 136) == micro.choose_form(1, 150, 260, 288) == "blocked"
     rng = np.random.default_rng(7)
     inputs = {"x": rng.standard_normal((150, 136), dtype=np.float32)}

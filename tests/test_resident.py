@@ -287,14 +287,15 @@ def test_a_resident_right_operand_is_packed_once_per_value_and_never_stale():
     assert len(packs[0]._packed) == 1  # the dead value's pack went with it
 
 
-def mlp_program():
-    """x · W1ᵀ → gelu → · W2ᵀ, both products on the blocked GEMM (N ≥ 256, K ≥ 128)."""
+def mlp_program(d=160, f=300, e=272, mode="gelu"):
+    """x[T, D] · W1ᵀ → ``mode`` → · W2ᵀ → [T, E]: with the default sizes both products take the
+    blocked GEMM (N ≥ 256, K ≥ 128). Returns the program and its output's name."""
     b = ProgramBuilder()
-    x = b.input("x", {"T": "T", "D": 160})
-    w1, w2 = b.bank("w1", {"F": 300, "D": 160}), b.bank("w2", {"E": 272, "F": 300})
+    x = b.input("x", {"T": "T", "D": d})
+    w1, w2 = b.bank("w1", {"F": f, "D": d}), b.bank("w2", {"E": e, "F": f})
     h = b.op("contract", [x, w1], {"reduce_axes": [["D", "D"]], "output_axes": ["T", "F"],
                                    "accumulation_dtype": "float32"})
-    h = b.op("scalar-map", [h], {"mode": "gelu"})
+    h = b.op("scalar-map", [h], {"mode": mode})
     y = b.op("contract", [h, w2], {"reduce_axes": [["F", "F"]], "output_axes": ["T", "E"],
                                    "accumulation_dtype": "float32"})
     return b.build(outputs=[y]), y

@@ -1,13 +1,14 @@
-"""Register-tile shapes of the blocked GEMM, single-threaded, one process: GFLOP/s of a plain
-cache-blocked GEMM (the left rows packed in strips per K slice, the right operand packed in
-panels once, outside the timing) for tiles of MR rows x NV vectors of LANES floats, K slices of
-KC and row tiles of TM, over the shapes of a transformer block's MLP and projections.
+"""Register-tile shapes of the blocked GEMM, single-threaded, one process: GFLOP/s of the
+runtime's blocked tile (``atoms._microgemm.blocked_tile``: the left rows packed in strips per K
+slice; the right operand packed in panels once, outside the timing) for tiles of MR rows x NV
+vectors of LANES floats, K slices of KC and row tiles of TM, over the shapes of a transformer
+block's MLP and projections.
 
     python bench/tools/blocked_tile_ab.py
 
 This is the experiment behind ``atoms._microgemm``'s BLOCKED_MR, BLOCKED_NV, BLOCKED_KC and
-BLOCKED_MIN_TM (docs/performance.md, tuning log); it builds its own kernels rather than the
-runtime's, so it measures the tile alone (no epilogue, no threads).
+BLOCKED_MIN_TM (docs/performance.md, tuning log); it calls the tile from a plain loop, so it
+measures the tile alone (no epilogue, no threads).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 from numba import njit, types
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from atoms import _microgemm as micro  # noqa: E402
 from runtime.kernels import simd  # noqa: E402
 
 SHAPES = [(128, 512, 2048), (128, 2048, 512), (2048, 1024, 1024), (4096, 1024, 4096)]
@@ -28,34 +30,12 @@ CONFIGS = [(6, 2, 8, 256, 48), (6, 2, 16, 256, 48), (6, 2, 16, 256, 96), (6, 2, 
 
 
 def make(mr: int, nv: int, lanes: int, kc: int):
+    """The runtime's blocked tile (``atoms._microgemm.blocked_tile``) at this shape, as a plain
+    njit function, and a GEMM calling it per row tile of ``tm`` rows."""
     ops, _ = simd._define(types.float32, 4 * lanes)
     nr = nv * lanes
-    R, V = range(mr), range(nv)
-    strip = ["if first:", *[f"    c{r}_{v} = vzero()" for r in R for v in V], "else:",
-             *[f"    c{r}_{v} = vload(scr, so + np.uint64({r}) * sn + np.uint64({v * lanes}))" for r in R for v in V],
-             "pa = np.uint64(ib * kw)", "pb = np.uint64(pbb)", "for kk in range(np.uint64(kw)):",
-             *[f"    b{v} = vload(bp, pb + np.uint64({v * lanes}))" for v in V]]
-    for r in R:
-        strip += [f"    a{r} = vbcast(apk[pa + np.uint64({r})])"] + [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
-    strip += [f"    pa += np.uint64({mr})", f"    pb += np.uint64({nr})"]
-    strip += [f"vstore(scr, so + np.uint64({r}) * sn + np.uint64({v * lanes}), c{r}_{v})" for r in R for v in V]
-    src = ["def tile(am, bp, scr, apk, i0, rows, n, k, lda, npad):",
-           "    sn = np.uint64(npad)",
-           f"    rpad = (rows + {mr - 1}) // {mr} * {mr}",
-           f"    for kc0 in range(0, k, {kc}):",
-           f"        kw = min({kc}, k - kc0)",
-           "        first = kc0 == 0",
-           f"        for ib in range(0, rpad, {mr}):",
-           f"            for r in range({mr}):",
-           "                dst = ib * kw + r",
-           "                src = (i0 + ib + r) * lda + kc0",
-           "                for kk in range(kw):",
-           f"                    apk[dst + kk * {mr}] = am[src + kk] if ib + r < rows else 0",
-           f"        for j0 in range(0, npad, {nr}):",
-           f"            pbb = j0 * k + kc0 * {nr}",
-           f"            for ib in range(0, rpad, {mr}):",
-           "                so = np.uint64(ib * npad + j0)",
-           *["                " + line for line in strip]]
+    src = ["def tile(am, m_bp, scratch, apk, bi, sab, sbb, ta, lda, i0, rows, n, k):",
+           *micro.blocked_tile("float32", "    ", mr, nv, kc, lanes)]
     scope = {"np": np, **{f"v{op}": fn for op, fn in ops.items()}}
     exec("\n".join(src), scope)
     tile = njit(nogil=True, error_model="numpy")(scope["tile"])
@@ -67,7 +47,7 @@ def make(mr: int, nv: int, lanes: int, kc: int):
         apk = np.empty((tm + mr) * kc, np.float32)
         for i0 in range(0, m, tm):
             rows = min(tm, m - i0)
-            tile(am, bp, scr, apk, i0, rows, n, k, k, npad)
+            tile(am, bp, scr, apk, 0, 0, 0, 0, k, i0, rows, n, k)
             for i in range(rows):
                 for j in range(n):
                     out[(i0 + i) * n + j] = scr[i * npad + j]

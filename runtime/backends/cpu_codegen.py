@@ -66,7 +66,6 @@ def loop_nest(dims: Sequence[str], body: Sequence[str], parallel: bool, flag: st
     blocks, so ``prange`` has enough tasks even when the outer extents are 1. With ``flag``
     (a boolean the body sets), the lines end by returning how many blocks set it."""
     rank = len(dims)
-    loop = "prange" if parallel else "range"
     lines = [f"    d{k} = {d}" for k, d in enumerate(dims)]
     if flag:
         lines.append("    _nf = 0")

@@ -144,94 +144,94 @@ def kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo
             t = _take(ticket)
             if t >= nb * nqb:
                 break
-        b = t // nqb
-        i0 = (t - b * nqb) * bq
-        nr = min(bq, nq - i0)
-        nr4 = ((nr + 3) // 4) * 4
-        qk = np.zeros(nr4 * nd, DT)
-        sc = np.empty(nr4 * nkp, DT)
-        los = np.zeros(nr4, np.int64)
-        his = np.zeros(nr4, np.int64)
-        dns = np.zeros(nr4, np.uint8)
-        mrs = np.zeros(nr4, np.int64)
-        inv = np.zeros(nr4, DT)
-        tmp = np.empty(4 * WE, DT)
-        for r in range(nr):
-            i = i0 + r
-            m = mrb[b] + mrq[i]
-            mrs[r] = m
-            los[r] = slo[m]
-            his[r] = shi[m]
-            dns[r] = sdense[m]
-            src = qb[b] + qi[i]
-            for d in range(nd):
-                qk[r * nd + d] = qf[src + d * qsd]
-        rows_bad += 1 if count_q and _nonfinite(qk, 0, nr * nd) != 0 else 0
-        ktb = b * nd * nkp
-        vbase = b * nk * nep
-        for r0 in range(0, nr4, 4):
-            jlo = nk
-            jhi = 0
-            for r in range(r0, r0 + 4):
-                if his[r] > los[r]:
-                    jlo = min(jlo, los[r])
-                    jhi = max(jhi, his[r])
-            if jhi <= jlo:
-                for r in range(r0, min(r0 + 4, nr)):
-                    for e in range(ne):
-                        out[ob[b] + oq[i0 + r] + oe[e]] = 0.0
-                continue
-QK_TILE
-            for r in range(r0, r0 + 4):
-                row = r * nkp
-                lo = los[r]
-                hi = his[r]
-                if hi <= lo:
-                    sc[row + jlo:row + jhi] = 0.0
+            b = t // nqb
+            i0 = (t - b * nqb) * bq
+            nr = min(bq, nq - i0)
+            nr4 = ((nr + 3) // 4) * 4
+            qk = np.zeros(nr4 * nd, DT)
+            sc = np.empty(nr4 * nkp, DT)
+            los = np.zeros(nr4, np.int64)
+            his = np.zeros(nr4, np.int64)
+            dns = np.zeros(nr4, np.uint8)
+            mrs = np.zeros(nr4, np.int64)
+            inv = np.zeros(nr4, DT)
+            tmp = np.empty(4 * WE, DT)
+            for r in range(nr):
+                i = i0 + r
+                m = mrb[b] + mrq[i]
+                mrs[r] = m
+                los[r] = slo[m]
+                his[r] = shi[m]
+                dns[r] = sdense[m]
+                src = qb[b] + qi[i]
+                for d in range(nd):
+                    qk[r * nd + d] = qf[src + d * qsd]
+            rows_bad += 1 if count_q and _nonfinite(qk, 0, nr * nd) != 0 else 0
+            ktb = b * nd * nkp
+            vbase = b * nk * nep
+            for r0 in range(0, nr4, 4):
+                jlo = nk
+                jhi = 0
+                for r in range(r0, r0 + 4):
+                    if his[r] > los[r]:
+                        jlo = min(jlo, los[r])
+                        jhi = max(jhi, his[r])
+                if jhi <= jlo:
+                    for r in range(r0, min(r0 + 4, nr)):
+                        for e in range(ne):
+                            out[ob[b] + oq[i0 + r] + oe[e]] = 0.0
                     continue
-                sc[row + jlo:row + lo] = 0.0
-                sc[row + hi:row + jhi] = 0.0
-                at = row + lo
-                ni = hi - lo
-                un = _u(ni)
-                ua = _u(at)
+QK_TILE
+                for r in range(r0, r0 + 4):
+                    row = r * nkp
+                    lo = los[r]
+                    hi = his[r]
+                    if hi <= lo:
+                        sc[row + jlo:row + jhi] = 0.0
+                        continue
+                    sc[row + jlo:row + lo] = 0.0
+                    sc[row + hi:row + jhi] = 0.0
+                    at = row + lo
+                    ni = hi - lo
+                    un = _u(ni)
+                    ua = _u(at)
 CHAIN
-                if dns[r]:
-                    vm = vbcast(sc[at])
+                    if dns[r]:
+                        vm = vbcast(sc[at])
+                        j = 0
+                        while j + L <= ni:
+                            vm = vmax(vm, vload(sc, at + j))
+                            j += L
+                        mx = hmax(vm)
+                        while j < ni:
+                            x = sc[at + j]
+                            mx = x if x > mx else mx
+                            j += 1
+                        for u in range(un):
+                            sc[ua + u] = math.exp(sc[ua + u] - mx)
+                    else:
+                        mrow = _u(mrs[r] * nk + lo)
+                        mx = sc[at]
+                        for u in range(un):
+                            x = sc[ua + u]
+                            if mk[mrow + u] and x > mx:
+                                mx = x
+                        for u in range(un):
+                            x = math.exp(sc[ua + u] - mx)
+                            sc[ua + u] = x if mk[mrow + u] else 0.0
+                    one = vbcast(1.0)
+                    a00 = vzero()
+                    a01 = vzero()
                     j = 0
-                    while j + L <= ni:
-                        vm = vmax(vm, vload(sc, at + j))
-                        j += L
-                    mx = hmax(vm)
+                    while j + 2 * L <= ni:
+                        a00 = vfma(vload(sc, at + j), one, a00)
+                        a01 = vfma(vload(sc, at + j + L), one, a01)
+                        j += 2 * L
+                    tot = 0.0 + vhsum(a00) + vhsum(a01)
                     while j < ni:
-                        x = sc[at + j]
-                        mx = x if x > mx else mx
+                        tot += sc[at + j]
                         j += 1
-                    for u in range(un):
-                        sc[ua + u] = math.exp(sc[ua + u] - mx)
-                else:
-                    mrow = _u(mrs[r] * nk + lo)
-                    mx = sc[at]
-                    for u in range(un):
-                        x = sc[ua + u]
-                        if mk[mrow + u] and x > mx:
-                            mx = x
-                    for u in range(un):
-                        x = math.exp(sc[ua + u] - mx)
-                        sc[ua + u] = x if mk[mrow + u] else 0.0
-                one = vbcast(1.0)
-                a00 = vzero()
-                a01 = vzero()
-                j = 0
-                while j + 2 * L <= ni:
-                    a00 = vfma(vload(sc, at + j), one, a00)
-                    a01 = vfma(vload(sc, at + j + L), one, a01)
-                    j += 2 * L
-                tot = 0.0 + vhsum(a00) + vhsum(a01)
-                while j < ni:
-                    tot += sc[at + j]
-                    j += 1
-                inv[r] = 1.0 / tot
+                    inv[r] = 1.0 / tot
 PV_TILE
     return packed_bad + rows_bad
 '''
@@ -241,15 +241,26 @@ def _tile_accumulators(nv: int, pad: str) -> list[str]:
     return [f"{pad}a{r}{c} = vzero()" for r in range(TILE_ROWS) for c in range(nv)]
 
 
+TILE_PAD = " " * 16  # the depth of QK_TILE and PV_TILE in the template
+
+
+def _fma_rows(pad: str, row_value: str, vector: str, nv: int) -> list[str]:
+    """Each tile row's accumulators += its broadcast ``row_value`` (``{r}``: the row) times the
+    ``nv`` loaded vectors ``vector0..``."""
+    lines = []
+    for r in range(TILE_ROWS):
+        lines.append(f"{pad}x = vbcast({row_value.format(r=r)})")
+        lines += [f"{pad}a{r}{c} = vfma(x, {vector}{c}, a{r}{c})" for c in range(nv)]
+    return lines
+
+
 def _qk_tile(nv: int) -> list[str]:
     """Scores of 4 query rows × ``nv`` vectors of keys per step, over the quad's key range."""
-    p = " " * 12
+    p = TILE_PAD
     lines = [f"{p}q0 = r0 * nd", f"{p}j = jlo", f"{p}while j < jhi:", *_tile_accumulators(nv, p + "    "),
              f"{p}    p = ktb + j", f"{p}    for d in range(nd):"]
     lines += [f"{p}        k{c} = vload(kt, p + {c} * L)" for c in range(nv)]
-    for r in range(TILE_ROWS):
-        lines.append(f"{p}        x = vbcast(qk[q0 + {r} * nd + d])")
-        lines += [f"{p}        a{r}{c} = vfma(x, k{c}, a{r}{c})" for c in range(nv)]
+    lines += _fma_rows(p + "        ", "qk[q0 + {r} * nd + d]", "k", nv)
     lines += [f"{p}        p += nkp", f"{p}    s0 = r0 * nkp + j"]
     lines += [f"{p}    vstore(sc, s0 + {r} * nkp + {c} * L, a{r}{c})" for r in range(TILE_ROWS) for c in range(nv)]
     lines.append(f"{p}    j += WK")
@@ -259,13 +270,11 @@ def _qk_tile(nv: int) -> list[str]:
 def _pv_tile(nv: int) -> list[str]:
     """Outputs of 4 query rows × ``nv`` vectors of values per step, summed over the quad's keys,
     scaled by each row's 1/sum and stored (whole vectors where the value axes are contiguous)."""
-    p = " " * 12
+    p = TILE_PAD
     lines = [f"{p}p0 = r0 * nkp", f"{p}e0 = 0", f"{p}while e0 < nep:", *_tile_accumulators(nv, p + "    "),
              f"{p}    pv = vbase + jlo * nep + e0", f"{p}    for j in range(jlo, jhi):"]
     lines += [f"{p}        v{c} = vload(vp, pv + {c} * L)" for c in range(nv)]
-    for r in range(TILE_ROWS):
-        lines.append(f"{p}        x = vbcast(sc[p0 + {r} * nkp + j])")
-        lines += [f"{p}        a{r}{c} = vfma(x, v{c}, a{r}{c})" for c in range(nv)]
+    lines += _fma_rows(p + "        ", "sc[p0 + {r} * nkp + j]", "v", nv)
     lines += [f"{p}        pv += nep", f"{p}    top = min(WE, ne - e0)", f"{p}    if ec and top == WE:",
               f"{p}        z = vzero()"]
     for r in range(TILE_ROWS):
@@ -295,19 +304,15 @@ def _source(dt: str, chain: Sequence[str], parallel: bool) -> str:
                      table, table, "_t.Array(_t.uint8, 1, 'C', readonly=True)", data,  # spans, scalars
                      f"_t.Array(_t.{dt}, 1, 'C')", table, table, table, i64,  # out
                      i64, i64, i64, i64, i64, "_t.boolean", "_t.boolean", "_t.boolean"])
-    chain_lines = ["                for u in range(un):", "                    x = sc[ua + u]"]
-    chain_lines += ["                    " + line for line in chain]
-    chain_lines.append("                    sc[ua + u] = x")
+    pad = " " * 20  # (the depth of CHAIN in the template)
+    chain_lines = [f"{pad}for u in range(un):", f"{pad}    x = sc[ua + u]"]
+    chain_lines += [f"{pad}    " + line for line in chain]
+    chain_lines.append(f"{pad}    sc[ua + u] = x")
     body = _TEMPLATE.replace("LOOP", "prange" if parallel else "range")
     body = body.replace("NWORK", str(WORKERS) if parallel else "1")
     body = body.replace("QK_TILE\n", "\n".join(_qk_tile(QK_VECTORS)) + "\n")
     body = body.replace("PV_TILE\n", "\n".join(_pv_tile(PV_VECTORS)) + "\n")
     body = body.replace("CHAIN\n", "\n".join(chain_lines) + "\n" if chain else "")
-    # a query block's code sits in the workers' ticket loop: 4 more spaces
-    lines = body.split("\n")
-    start = lines.index("                break") + 1
-    end = lines.index("    return packed_bad + rows_bad")
-    body = "\n".join(lines[:start] + ["    " + line if line else line for line in lines[start:end]] + lines[end:])
     head = [f'"""Generated by runtime.kernels.attention v{VERSION}: fused attention, {dt}'
             f'{", parallel" if parallel else ""}."""',
             "import math", "import numpy as np", "from numba import njit, prange, uint64 as _u, types as _t",

@@ -20,6 +20,15 @@ def align_to(value, value_type: TensorType, target: TensorType, xp=np):
     return np.broadcast_to(moved.reshape(keep_shape), target.shape)
 
 
+def c_strides(shape) -> list[int]:
+    """Element strides of a C-contiguous array of ``shape``."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return strides[::-1]
+
+
 def keepdims_order(value_type: TensorType, target: TensorType,
                    shape: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(axis permutation, shape) that put a value of ``value_type`` (extents ``shape``, by

@@ -29,7 +29,7 @@ import attrs
 import numpy as np
 
 from runtime.core.types import TensorType, accumulation_dtype
-from runtime.kernels.layout import keepdims_order
+from runtime.kernels.layout import c_strides, keepdims_order
 from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
 from runtime.plugins.atomspec import AtomSpec, Node
 from runtime.plugins.kernel import Counts, Kernel, KernelRequest, plain_kernel
@@ -184,14 +184,6 @@ def _chain(chain: Sequence[Node], first: str) -> Epilogue:
 
 # --- the kernel -------------------------------------------------------------------------------
 
-def _c_strides(shape: Sequence[int]) -> list[int]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return strides[::-1]
-
-
 def _cpu(request: KernelRequest) -> Kernel:
     from runtime.kernels import attention as ak  # (numba: imported only once a plan needs it)
 
@@ -269,7 +261,7 @@ def _tables(form: Form, node: Node, qshape, qs, kshape, ks, vshape, vs, mshape, 
     nk = kshape[kt.axes.index(form.k_key)]
     nd = qshape[qt.axes.index(form.q_head)]
     m_axes = (*form.batch, *form.query, form.k_key)  # the mask rows' array, C-contiguous
-    m_rows = [s // nk for s in _c_strides(mshape)] if nk else [0] * len(mshape)
+    m_rows = [s // nk for s in c_strides(mshape)] if nk else [0] * len(mshape)
     tables = (_offsets(qt.axes, qshape, qs, form.batch, nb_ext), _offsets(qt.axes, qshape, qs, form.query, nq_ext),
               qs[qt.axes.index(form.q_head)],
               _offsets(kt.axes, kshape, ks, form.batch, nb_ext), ks[kt.axes.index(form.k_key)],
