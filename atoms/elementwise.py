@@ -7,7 +7,8 @@ one-step epilogue, so fused and unfused runs execute the very same scalar code. 
 expressions never raise in plain Python and never overflow to NaN (sigmoid/silu evaluate
 ``exp`` only on non-positive arguments; rsqrt guards 0 and negatives), so they behave the
 same under any Numba error model. Note: float literals make Numba evaluate float32 chains in
-float64 registers before the store rounds back; results stay within float32 rounding.
+float64 registers before the store rounds back; results stay within float32 rounding. The
+exact gelu is the exception on CPU: vmath.vgelu evaluates it in float32 (SPEC: c is float32).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel
 from runtime.core.errors import fail
 from runtime.plan.fusion import Epilogue, EpilogueStep
 from runtime.kernels.layout import align_to
+from runtime.kernels.vmath import GELU_EXPR
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
 from ._refs import refs_for
@@ -27,7 +29,7 @@ from ._refs import refs_for
 MODES = ("gelu", "relu", "rsqrt", "sigmoid", "silu", "tanh")
 
 SCALAR_EXPRS = {
-    "gelu": "(0.5 * {0} * (1.0 + math.erf({0} * 0.7071067811865476)))",
+    "gelu": GELU_EXPR,  # (0.5·x·(1 + erf(x/√2))), evaluated on CPU by vmath.vgelu
     "relu": "(0.0 if {0} <= 0.0 else {0})",  # -0.0 -> 0.0 and NaN -> NaN, as np.maximum(x, 0)
     "rsqrt": "((1.0 / math.sqrt({0})) if {0} > 0.0 else "
              "(math.copysign(math.inf, {0}) if {0} == 0.0 else math.nan))",

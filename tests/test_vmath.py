@@ -127,7 +127,8 @@ def _ulp_error(got: np.ndarray, want: np.ndarray) -> float:
     inf = np.isinf(want)
     assert np.array_equal(got[inf], want[inf])
     ok = ~nan & ~inf
-    spacing = np.spacing(want[ok].astype(got.dtype)).astype(np.float64)
+    with np.errstate(over="ignore"):  # the largest finite values' spacing is inf: error 0
+        spacing = np.spacing(want[ok].astype(got.dtype)).astype(np.float64)
     return float(np.max(np.abs(got[ok].astype(np.float64) - want[ok].astype(np.float64)) / np.abs(spacing)))
 
 
@@ -201,3 +202,82 @@ def test_cpu_code_inlines_erf_and_tanh_only_up_to_max_inlined_calls_per_module()
     text = "\n".join(vmath.cpu_code(many))
     assert "_verf(" not in text and "_vtanh(" not in text  # all stay libm: compile time
     assert text.count("math.erf(") == vmath.MAX_INLINED and "math.exp(" not in text  # exp: always
+
+
+# --- the float32 gelu ------------------------------------------------------------------------
+
+@njit
+def _gelu_all(x, out):
+    for i in range(x.size):
+        out[i] = vmath.vgelu(x[i])
+
+
+def _gelu_exact(x: np.ndarray) -> np.ndarray:
+    """x·Φ(x) in float64 through erfc, which never cancels (the formula's 1 + erf does for x < 0)."""
+    from scipy.special import erfc
+
+    with np.errstate(all="ignore"):
+        w = x.astype(np.float64)
+        return 0.5 * w * erfc(-w / math.sqrt(2.0))
+
+
+GELU_ULP32, GELU_ULP32_CORE = 5.0, 1.5  # the stated bounds: everywhere, and for |x| < 0.75·√2
+
+
+def test_vgelu_float32_is_within_its_stated_ulp_bounds_over_the_whole_range():
+    x = np.concatenate([_sweep32(stride=1021), np.linspace(-15, 6, 400_001, dtype=np.float32),
+                        np.float32(-np.logspace(-45, 1.2, 20_000))])
+    got = _apply(_gelu_all, x)
+    assert got.dtype == np.float32 and _gelu_all.nopython_signatures[-1].args[0].dtype.bitwidth == 32
+    want = _gelu_exact(x)
+    finite = np.isfinite(x)
+    assert _ulp_error(got[finite], want[finite]) <= GELU_ULP32
+    core = finite & (np.abs(x) < np.float32(0.75 * math.sqrt(2.0)))
+    assert _ulp_error(got[core], want[core]) <= GELU_ULP32_CORE
+    # the negative tail keeps its value down to subnormal results, where 1 + erf(t) is 0
+    tail = finite & (x < -7) & (want < -1e-44)
+    assert tail.sum() > 1000 and np.all(got[tail] < 0)
+
+
+def test_vgelu_float32_special_values_are_the_formulas():
+    x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4028235e38, -3.4028235e38, -1e4],
+                 np.float32)
+    got = _apply(_gelu_all, x)
+    with np.errstate(all="ignore"):
+        formula = np.array([vmath.vgelu(float(v)) if np.isfinite(v) else 0.5 * float(v) * (1.0 + math.erf(float(v)))
+                            for v in x]).astype(np.float32)
+    np.testing.assert_array_equal(got, formula)  # -inf: NaN (-inf · 0), as the formula
+    assert np.signbit(got).tolist() == np.signbit(formula).tolist()
+
+
+def test_vgelu_float64_is_the_formula_with_verf_bit_for_bit():
+    @njit(error_model="numpy")
+    def formula(x, out):
+        for i in range(x.size):
+            out[i] = 0.5 * x[i] * (1.0 + verf(x[i] * 0.7071067811865476))
+
+    x = _sweep64(per_binade=20, seed=3)
+    np.testing.assert_array_equal(_apply(_gelu_all, x), _apply(formula, x))
+    assert vmath.vgelu(0.3) == 0.5 * 0.3 * (1.0 + math.erf(0.3 * 0.7071067811865476))
+
+
+def test_cpu_code_evaluates_the_gelu_expression_by_vgelu():
+    from atoms.elementwise import SCALAR_EXPRS
+
+    assert SCALAR_EXPRS["gelu"] == vmath.GELU_EXPR
+    lines = vmath.cpu_code([f"    _v0 = {vmath.GELU_EXPR.format('acc')}",
+                            "    _v1 = (0.5 * _v0 * (1.0 + math.erf(_e1 * 0.7071067811865476)))"])
+    assert lines == ["    _v0 = _vgelu(acc)", "    _v1 = (0.5 * _v0 * (1.0 + _verf(_e1 * 0.7071067811865476)))"]
+    many = [f"    _v{i} = {vmath.GELU_EXPR.format(f'_v{i - 1}')}" for i in range(vmath.MAX_INLINED + 1)]
+    assert "_vgelu" not in "\n".join(vmath.cpu_code(many))  # over the inlining budget: libm's erf
+
+
+def test_vgelu_float32_loop_vectorises():
+    import re
+
+    x = np.linspace(-3, 3, 64, dtype=np.float32)
+    _apply(_gelu_all, x)
+    ir = _gelu_all.inspect_llvm(next(sig for sig in _gelu_all.signatures if str(sig[0].dtype) == "float32"))
+    assert len(re.findall(r"<\d+ x float>", ir)) > 50
+    called = re.findall(r"call [^@\n]*@([\w.$\"]+)\(", ir)
+    assert not [name for name in called if re.search("gelu32|vgelu|exp32|erf", name)]  # inlined whole

@@ -10,6 +10,12 @@ Least squares on Chebyshev nodes (numpy.polynomial), converted to monomials:
   (tanh(x) − x)/x³, evaluated in long double, or by its Taylor series where x² < 10⁻³ (the
   long double difference cancels there).
 The node counts are the ones whose fits measured within 2 ulp (tests/test_vmath.py).
+
+The float32 gelu's fits (``erf32_small``, ``erfc32``) round each monomial coefficient to
+float32 in turn and refit the later ones to what is left (plain rounding of a float64 fit
+cost up to 4 ulp where the small polynomial's terms cancel):
+- erf on |t| < 0.75: ``erf(t) = t + t·P(t²)``, P of degree 5;
+- erfcx on [0.75, 2.5], [2.5, 4.5], [4.5, 10.2]: degree 10 in the piece's [-1, 1] coordinate.
 """
 from __future__ import annotations
 
@@ -51,6 +57,40 @@ def erf_large() -> tuple[tuple[float, ...], ...]:
     return tuple(out)
 
 
+GELU32_SMALL = 0.75
+ERFC32_INTERVALS = ((0.75, 2.5), (2.5, 4.5), (4.5, 10.2))
+
+
+def _fit_float32(x: np.ndarray, y: np.ndarray, deg: int) -> tuple[float, ...]:
+    """Monomial coefficients in x (constant first), each rounded to float32 before the later
+    ones are refitted to the residual."""
+    residual, out = y.copy(), []
+    for k in range(deg + 1):
+        basis = np.stack([x ** j for j in range(k, deg + 1)], 1)
+        coef, *_ = np.linalg.lstsq(basis, residual, rcond=None)
+        out.append(float(np.float32(coef[0])))
+        residual = residual - out[-1] * x ** k
+    return tuple(out)
+
+
+def erf32_small() -> tuple[float, ...]:
+    from scipy.special import erf
+
+    s = _nodes(0.0, GELU32_SMALL ** 2, 4000)
+    r = np.sqrt(s)
+    return _fit_float32(s, erf(r) / r - 1.0, 5)
+
+
+def erfc32() -> tuple[tuple[float, ...], ...]:
+    from scipy.special import erfcx
+
+    out = []
+    for lo, hi in ERFC32_INTERVALS:
+        x = _nodes(lo, hi)
+        out.append(_fit_float32((x - (lo + hi) / 2) * (2 / (hi - lo)), erfcx(x), 10))
+    return tuple(out)
+
+
 def tanh_small() -> tuple[float, ...]:
     s = _nodes(0.0, 0.625 ** 2).astype(np.longdouble)
     x = np.sqrt(s)
@@ -66,3 +106,6 @@ if __name__ == "__main__":
     print("ERFC_INTERVALS =", ERFC_INTERVALS)
     print("ERFC =", erf_large())
     print("TANH_SMALL =", tanh_small())
+    print("ERF32_SMALL =", erf32_small())
+    print("ERFC32_INTERVALS =", ERFC32_INTERVALS)
+    print("ERFC32 =", erfc32())

@@ -23,16 +23,24 @@ bounds over every float64 binade, subnormals, ±0, ±inf and NaN (tests/test_vma
 and tanh within 2 ulp of libm for float64; float32 arguments are evaluated in float64 and
 rounded, within 1 ulp. ±0 keeps its sign; NaN stays NaN; erf(±inf) = ±1, tanh(±inf) = ±1.
 
+:func:`vgelu` is the exact gelu (scalar-map's expression, :data:`GELU_EXPR`). Its float32
+form computes in float32 (twice the lanes of the float64 chain that the expression's float64
+literals would otherwise start) and takes ½x·erfc(|t|) for the negative tail instead of
+½x·(1 + erf(t)), which cancels there even in float64: measured within 5 ulp of x·Φ(x) over
+sampled float32 bit patterns, subnormal results included, and within 1.5 ulp for |x| < 1.06.
+float64 arguments keep the formula with :func:`verf`.
+
 Elementwise expressions stay written with ``math.exp``/``math.erf``/``math.tanh`` (valid in
 Python, njit and CUDA); the CPU code generators swap them in (:func:`cpu_code`), and CUDA
 keeps the device's own functions.
 """
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable
 
 import numpy as np
-import math
 
 from llvmlite import ir
 from numba import njit, types
@@ -40,9 +48,9 @@ from numba.extending import intrinsic, overload
 
 # Part of every generated source that uses it: a change here must change their text, so
 # Numba's disk cache (keyed by the generated file) never serves kernels built on the old code.
-VERSION = 5
-IMPORT = (f"from runtime.kernels.vmath import vexp as _vexp, verf as _verf, vtanh as _vtanh"
-          f"  # vmath v{VERSION}")
+VERSION = 6
+IMPORT = (f"from runtime.kernels.vmath import vexp as _vexp, verf as _verf, vtanh as _vtanh, "
+          f"vgelu as _vgelu  # vmath v{VERSION}")
 # libm calls in generated CPU source -> their vectorisable versions here
 SWAPS = {"math.exp(": "_vexp(", "math.erf(": "_verf(", "math.tanh(": "_vtanh("}
 # erf and tanh are inlined whole (tens of operations each, a noticeable compile cost per
@@ -86,8 +94,23 @@ def _exp32(x):
     lo, hi = np.float32(-87.33655), np.float32(88.72283)  # ln of the smallest normal, of the largest
     xc = x if x > lo else lo
     xc = xc if xc < hi else hi
-    n = np.floor(xc * np.float32(1.442695) + np.float32(0.5))
-    r = (xc - n * np.float32(0.693359375)) - n * np.float32(-2.12194440e-4)  # ln 2 in two parts
+    p, k = _exp32_reduced(xc)
+    half = k >> 1  # 2^n as two factors (n = 128 has no float32 exponent)
+    res = p * _pow2_32(half) * _pow2_32(k - half)
+    if x > hi:
+        res = np.float32(np.inf)
+    if x < lo:
+        res = np.float32(0.0)
+    if x != x:
+        res = x
+    return res
+
+
+@njit(inline="always", error_model="numpy")
+def _exp32_reduced(x):
+    """exp(x) = p · 2^k for a finite float32 x, with p in [√½, √2]."""
+    n = np.floor(x * np.float32(1.442695) + np.float32(0.5))
+    r = (x - n * np.float32(0.693359375)) - n * np.float32(-2.12194440e-4)  # ln 2 in two parts
     p = np.float32(1.0 / 5040)  # Taylor coefficients 1/7! ... 1/0!: |r| <= ln2 / 2 keeps the
     p = p * r + np.float32(1.0 / 720)  # truncation below 1e-8 relative
     p = p * r + np.float32(1.0 / 120)
@@ -96,16 +119,13 @@ def _exp32(x):
     p = p * r + np.float32(0.5)
     p = p * r + np.float32(1.0)
     p = p * r + np.float32(1.0)
-    k = np.int32(n)
-    half = k >> 1  # 2^n as two factors (n = 128 has no float32 exponent)
-    res = p * _bits_as_float32((half + np.int32(127)) << 23) * _bits_as_float32((k - half + np.int32(127)) << 23)
-    if x > hi:
-        res = np.float32(np.inf)
-    if x < lo:
-        res = np.float32(0.0)
-    if x != x:
-        res = x
-    return res
+    return p, np.int32(n)
+
+
+@njit(inline="always", error_model="numpy")
+def _pow2_32(k):
+    """2^k as a float32, for -126 <= k <= 127."""
+    return _bits_as_float32((k + np.int32(127)) << 23)
 
 
 @njit(inline="always", error_model="numpy")
@@ -356,12 +376,113 @@ def _tanh64(x):
     return small if a < 0.625 else large
 
 
+# --- gelu -----------------------------------------------------------------------------------
+# The exact gelu as scalar-map writes it (placeholders are plain names, ScalarOp): cpu_code
+# evaluates it by vgelu, whose float32 form computes in float32 without the cancellation of
+# 1 + erf(t) for negative x.
+GELU_EXPR = "(0.5 * {0} * (1.0 + math.erf({0} * 0.7071067811865476)))"
+_GELU_CALL = re.compile(re.escape(GELU_EXPR).replace(re.escape("{0}"), r"([A-Za-z_]\w*)", 1)
+                        .replace(re.escape("{0}"), r"\1"))
+
+# bench/tools/fit_vmath.py (float32 coefficients): erf(t) = t + t·P(t²) on |t| < 0.75 (degree
+# 5), and erfcx on [0.75, 2.5], [2.5, 4.5], [4.5, 10.2] (degree 10 in the piece's [-1, 1])
+_ERF32_SMALL = (
+    0.12837916612625122, -0.376126229763031, 0.11283428221940994, -0.02683696523308754,
+    0.005118804518133402, -0.0006779764662496746)
+_ERFC32 = (
+    (0.30226120352745056, -0.12777647376060486, 0.049736712127923965, -0.018072795122861862,
+     0.006190192885696888, -0.0020153478253632784, 0.0006275062914937735, -0.0001829765533329919,
+     5.1017446821788326e-05, -1.8048684069071896e-05, 5.3752391977468506e-06),
+    (0.15529365837574005, -0.04132357984781265, 0.010661077685654163, -0.002673052717000246,
+     0.0006529969396069646, -0.0001555455382913351, 3.547426967998035e-05, -8.120768143271562e-06,
+     2.5384806576767005e-06, -4.81057384149608e-07, -1.618410578885232e-07),
+    (0.07606890797615051, -0.02897380292415619, 0.010941325686872005, -0.0040968977846205235,
+     0.0015217523323372006, -0.0005627389182336628, 0.000205612086574547, -6.99345109751448e-05,
+     2.5271794584114105e-05, -1.3714431588596199e-05, 4.843504484597361e-06))
+# |t| below the first: the odd polynomial; beyond the second, erfc < 2⁻¹⁵⁰: gelu is x or -0.0
+_GELU32_SMALL, _GELU32_FAR = 0.75, 10.2
+
+
+@intrinsic
+def _fma32(typingctx, a, b, c):
+    """a·b + c rounded once, in float32 (one vfmadd per vector)."""
+    if not all(isinstance(v, types.Float) for v in (a, b, c)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*[context.cast(builder, v, t, types.float32)
+                             for v, t in zip(args, signature.args)])
+    return types.float32(a, b, c), codegen
+
+
+def vgelu(x):
+    """The exact gelu, ``x·Φ(x)``, for compiled kernels; in plain Python, its formula."""
+    return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
+
+
+@overload(vgelu, inline="always", jit_options={"error_model": "numpy"})
+def _vgelu_typed(x):
+    if x == types.float32:
+        return lambda x: _gelu32(x)
+    if isinstance(x, (types.Float, types.Integer, types.Boolean)):
+        return lambda x: 0.5 * x * (1.0 + _erf64(x * 0.7071067811865476))
+    return None
+
+
+@njit(inline="always", error_model="numpy")
+def _gelu32(x):
+    """x·Φ(x) = ½x·(1 + erf(t)), t = x/√2, all in float32. |t| < 0.75: erf by its odd
+    polynomial. Beyond, erfc(|t|) = exp(−t²)·G(|t|): x − ½x·erfc for x > 0, ½x·erfc for x < 0
+    (never 1 + erf, whose cancellation would lose the negative tail), with t carried as
+    th + tl, t² as sh + sl (exact square by FMA) and exp(−sh) kept as q·2^k1·2^k2, so the tail
+    is rounded once, down to subnormal results."""
+    one, h = np.float32(1.0), np.float32(0.5) * x
+    th = x * np.float32(0.70710677)
+    tl = _fma32(x, np.float32(0.70710677), -th) + x * np.float32(1.2101617e-08)
+    a = abs(th)
+    s = th * th
+    p = _fma32(_ERF32_SMALL[5], s, _ERF32_SMALL[4])
+    p = _fma32(p, s, _ERF32_SMALL[3])
+    p = _fma32(p, s, _ERF32_SMALL[2])
+    p = _fma32(p, s, _ERF32_SMALL[1])
+    p = _fma32(p, s, _ERF32_SMALL[0])
+    small = _fma32(h, one + th, h * _fma32(th, p, tl))  # ½x·(1 + t) + ½x·(t·P + tl)
+    small = small if small != np.float32(0.0) else h  # x = -2⁻¹⁴⁹: -0.0, as the formula
+    ac = min(max(a, np.float32(_GELU32_SMALL)), np.float32(_GELU32_FAR))  # keeps the unused branch finite
+    m1, m2 = ac < np.float32(2.5), ac < np.float32(4.5)
+    u = (ac - _pick(m1, m2, np.float32(1.625), np.float32(3.5), np.float32(7.35))) * \
+        _pick(m1, m2, np.float32(1.0 / 0.875), np.float32(1.0), np.float32(1.0 / 2.85))
+    g = _pick(m1, m2, np.float32(_ERFC32[0][10]), np.float32(_ERFC32[1][10]), np.float32(_ERFC32[2][10]))
+    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][9]), np.float32(_ERFC32[1][9]), np.float32(_ERFC32[2][9])))
+    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][8]), np.float32(_ERFC32[1][8]), np.float32(_ERFC32[2][8])))
+    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][7]), np.float32(_ERFC32[1][7]), np.float32(_ERFC32[2][7])))
+    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][6]), np.float32(_ERFC32[1][6]), np.float32(_ERFC32[2][6])))
+    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][5]), np.float32(_ERFC32[1][5]), np.float32(_ERFC32[2][5])))
+    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][4]), np.float32(_ERFC32[1][4]), np.float32(_ERFC32[2][4])))
+    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][3]), np.float32(_ERFC32[1][3]), np.float32(_ERFC32[2][3])))
+    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][2]), np.float32(_ERFC32[1][2]), np.float32(_ERFC32[2][2])))
+    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][1]), np.float32(_ERFC32[1][1]), np.float32(_ERFC32[2][1])))
+    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][0]), np.float32(_ERFC32[1][0]), np.float32(_ERFC32[2][0])))
+    tla = tl if th >= np.float32(0.0) else -tl  # |t| = ac + tla
+    sh = ac * ac
+    sl = _fma32(ac, ac, -sh) + np.float32(2.0) * ac * tla
+    q, k = _exp32_reduced(-sh)  # sh <= 104.04: k >= -150, so 2^k1 and 2^k2 are normal
+    k1 = k >> 1
+    scaled = q * _pow2_32(k1) * (g - g * sl)  # erfc(|t|) / 2^k2
+    e2 = _pow2_32(k - k1)
+    tail = (x - h * (scaled * e2)) if x > np.float32(0.0) else (h * scaled) * e2
+    far = (x if x > np.float32(0.0) else h * np.float32(0.0))  # -inf: NaN, as the formula
+    tail = far if a > np.float32(_GELU32_FAR) else tail
+    return small if a < np.float32(_GELU32_SMALL) else tail
+
+
 def cpu_code(lines: Iterable[str]) -> list[str]:
-    """Generated CPU source lines with ``math.exp`` calls evaluated by :func:`vexp`, and
-    ``math.erf`` and ``math.tanh`` by :func:`verf` and :func:`vtanh` when the lines hold at
-    most :data:`MAX_INLINED` of those (the module must also contain :data:`IMPORT`)."""
+    """Generated CPU source lines with ``math.exp`` calls evaluated by :func:`vexp`, and, when
+    the lines hold at most :data:`MAX_INLINED` ``math.erf`` and ``math.tanh`` calls, the exact
+    gelu (:data:`GELU_EXPR`) by :func:`vgelu` and the other calls by :func:`verf` and
+    :func:`vtanh` (the module must also contain :data:`IMPORT`)."""
     lines = [line.replace("math.exp(", SWAPS["math.exp("]) for line in lines]
     if sum(line.count("math.erf(") + line.count("math.tanh(") for line in lines) > MAX_INLINED:
         return lines
-    return [line.replace("math.erf(", SWAPS["math.erf("]).replace("math.tanh(", SWAPS["math.tanh("])
-            for line in lines]
+    return [_GELU_CALL.sub(r"_vgelu(\1)", line).replace("math.erf(", SWAPS["math.erf("])
+            .replace("math.tanh(", SWAPS["math.tanh("]) for line in lines]
