@@ -7,7 +7,8 @@ Every case is one formula program plus the same computation written for each pee
   Dh^-1/2), output projection, residual, RMS norm, MLP D→F→D with exact gelu, residual;
   D=512, 8 heads of 64, F=2048 at (B, S) ∈ {(1,128), (1,512), (4,512), (1,2048)};
 - ``attention``: q·kᵀ → causal masked softmax → ·v at B=4, H=8, S=512, Dh=64;
-- ``mlp``: gelu(x·W1ᵀ)·W2ᵀ at T=4096, 1024→4096→1024;
+- ``mlp``: gelu(x·W1ᵀ)·W2ᵀ at T=4096, 1024→4096→1024, in float32 and in float16 (peers:
+  ONNX Runtime and PyTorch; NumPy has no BLAS for float16);
 - ``gated``: ``bench.transformer``'s full block (rotary, silu·softplus gate, a float16 down
   projection) at D=512, 8×64, F=2048, T=512; its peer is the reference backend (NumPy),
   as no ONNX graph of rotary positions is written here.
@@ -61,6 +62,8 @@ class BlockCase:
     peers: tuple[str, ...]  # the peers that compute it (others are skipped with a reason)
     rtol: float = 2e-3
     atol: float = 2e-3
+    dtype: str = "float32"  # of every floating input, bank and the result
+    why_not: str = ""  # why the other peers are left out, when it is not just a missing graph
 
 
 def cases(quick: bool = False) -> list[BlockCase]:
@@ -72,6 +75,10 @@ def cases(quick: bool = False) -> list[BlockCase]:
     out.append(BlockCase("attention-B{B}-H{H}-S{S}".format(**att), "attention", att, BLOCK_PEERS))
     mlp = {"T": 64, "D": 64, "F": 256} if quick else {"T": 4096, "D": 1024, "F": 4096}
     out.append(BlockCase("mlp-T{T}-D{D}-F{F}".format(**mlp), "mlp", mlp, BLOCK_PEERS))
+    # float16 storage (the runtime computes in float32, SPEC §3b.1); rounding sets the tolerance
+    out.append(BlockCase("mlp-T{T}-D{D}-F{F}-float16".format(**mlp), "mlp", mlp, ("onnxruntime", "torch"),
+                         rtol=1e-2, atol=1e-2, dtype="float16",
+                         why_not="NumPy has no BLAS for float16 (its matmul loops in C, minutes at this size)"))
     gated = {"T": 32, "D": 64, "H": 4, "Dh": 16, "F": 128} if quick else {"T": 512, **{k: BLOCK_DIMS[k] for k in "D H Dh F".split()}}
     # the float16 down projection's rounding sets the tolerance, as in bench/test_transformer.py
     out.append(BlockCase("gated-T{T}".format(**gated), "gated", gated, ("reference",), rtol=1e-2, atol=1e-2))
@@ -138,9 +145,9 @@ def attention_program(z: Mapping[str, int]) -> dict:
     return b.build([_attention(b, q, k, v, mask, bsz, h, s, dh)])
 
 
-def mlp_program(z: Mapping[str, int]) -> dict:
+def mlp_program(z: Mapping[str, int], dtype: str = "float32") -> dict:
     t, d, f = z["T"], z["D"], z["F"]
-    b = Builder("float32")
+    b = Builder(dtype)
     x = b.input("x", {"T": t, "D": d})
     w1, w2 = b.bank("w1", {"F": f, "D": d}), b.bank("w2", {"D": d, "F": f})
     m = b.op("scalar-map", [_contract(b, x, w1, [("D", "D")], {"T": t, "F": f})], {"mode": "gelu"}, {"T": t, "F": f})
@@ -153,7 +160,9 @@ def program(case: BlockCase) -> dict:
 
         dims = {k: case.sizes[k] for k in ("D", "H", "Dh", "F")}
         return transformer_block_program(True, dims, tokens=case.sizes["T"])
-    return {"block": block_program, "attention": attention_program, "mlp": mlp_program}[case.kind](case.sizes)
+    if case.kind == "mlp":
+        return mlp_program(case.sizes, case.dtype)
+    return {"block": block_program, "attention": attention_program}[case.kind](case.sizes)
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -167,7 +176,7 @@ def data(case: BlockCase, seed: int = 0) -> Values:
         return transformer_block_data(z["T"], True, {k: z[k] for k in ("D", "H", "Dh", "F")}, seed)
 
     def normal(shape, fan_in=1):
-        return (rng.standard_normal(shape) / math.sqrt(fan_in)).astype(np.float32)
+        return (rng.standard_normal(shape) / math.sqrt(fan_in)).astype(case.dtype)
 
     if case.kind == "mlp":
         return {"inputs": {"x": normal((z["T"], z["D"]))},
@@ -258,7 +267,8 @@ def onnx_model(case: BlockCase, v: Values):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    z, f32 = case.sizes, TensorProto.FLOAT
+    z, fdt = case.sizes, {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[case.dtype]
+    scalar = np.dtype(case.dtype).type
     nodes, inits = [], []
 
     def init(name, array):
@@ -270,9 +280,9 @@ def onnx_model(case: BlockCase, v: Values):
         return out
 
     def gelu(x, tag):
-        e = node("Erf", [node("Div", [x, init(f"{tag}_sqrt2", np.float32(math.sqrt(2)))], f"{tag}_d")], f"{tag}_e")
-        one_plus = node("Add", [e, init(f"{tag}_one", np.float32(1))], f"{tag}_a")
-        half_x = node("Mul", [x, init(f"{tag}_half", np.float32(0.5))], f"{tag}_h")
+        e = node("Erf", [node("Div", [x, init(f"{tag}_sqrt2", scalar(math.sqrt(2)))], f"{tag}_d")], f"{tag}_e")
+        one_plus = node("Add", [e, init(f"{tag}_one", scalar(1))], f"{tag}_a")
+        half_x = node("Mul", [x, init(f"{tag}_half", scalar(0.5))], f"{tag}_h")
         return node("Mul", [half_x, one_plus], f"{tag}_g")
 
     def heads(x, tag):  # [B,S,H*Dh] -> [B,H,S,Dh]
@@ -291,12 +301,12 @@ def onnx_model(case: BlockCase, v: Values):
         return node("Mul", [node("Mul", [x, inv], f"{tag}_n"), init(f"{tag}_g", gain)], f"{tag}_o")
 
     if case.kind == "mlp":
-        inputs = [helper.make_tensor_value_info("x", f32, ["T", z["D"]])]
+        inputs = [helper.make_tensor_value_info("x", fdt, ["T", z["D"]])]
         h = gelu(node("MatMul", ["x", init("w1t", v["banks"]["w1"].T)], "h"), "g")
         out = node("MatMul", [h, init("w2t", v["banks"]["w2"].T)], "out")
         out_shape = ["T", z["D"]]
     elif case.kind == "attention":
-        inputs = [helper.make_tensor_value_info(n, f32, ["B", "S", z["H"], z["Dh"]]) for n in ("q", "k", "v")]
+        inputs = [helper.make_tensor_value_info(n, fdt, ["B", "S", z["H"], z["Dh"]]) for n in ("q", "k", "v")]
         inputs.append(helper.make_tensor_value_info("causal_mask", TensorProto.BOOL, ["S", "S"]))
         q, k, v_ = (node("Transpose", [n], f"{n}_t", perm=[0, 2, 1, 3]) for n in ("q", "k", "v"))
         out = node("Transpose", [attention(q, k, v_, "causal_mask", "a")], "out", perm=[0, 2, 1, 3])
@@ -306,7 +316,7 @@ def onnx_model(case: BlockCase, v: Values):
         w = v["banks"]
         inputs = [helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "S"]),
                   helper.make_tensor_value_info("causal_mask", TensorProto.BOOL, ["S", "S"]),
-                  helper.make_tensor_value_info("epsilon", f32, [])]
+                  helper.make_tensor_value_info("epsilon", fdt, [])]
         x = node("Gather", [init("embedding", w["embedding"]), "ids"], "x", axis=0)
         hn = rms(x, w["norm1_gain"], "n1")
         q, k, v_ = (heads(node("MatMul", [hn, init(f"{n}t", w[n].reshape(h * dh, d).T)], f"{n}_p"), n)
@@ -318,7 +328,7 @@ def onnx_model(case: BlockCase, v: Values):
         out = node("Add", [x2, node("MatMul", [hid, init("w2t", w["w2"].T)], "down")], "out")
         out_shape = ["B", "S", d]
     graph = helper.make_graph(nodes, f"formula_bench_{case.kind}", inputs,
-                              [helper.make_tensor_value_info(out, f32, out_shape)], initializer=inits)
+                              [helper.make_tensor_value_info(out, fdt, out_shape)], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
                               producer_name="formula-runtime-bench")
     model.ir_version = 8
@@ -402,8 +412,8 @@ def prepare(contender: str, case: BlockCase, v: Values) -> Fn:
         p = program(case)
         return prepare_runtime(contender, p, v["inputs"], v["banks"], p["outputs"][0])
     if contender not in case.peers:
-        raise Unavailable(f"{contender}: no {case.kind} graph is written for this peer "
-                          f"(peers: {', '.join(case.peers)})")
+        raise Unavailable(f"{contender}: " + (case.why_not or f"no {case.kind} graph is written for this "
+                                              f"peer (peers: {', '.join(case.peers)})"))
     reason = peer_unavailable(contender)
     if reason:
         raise Unavailable(reason)

@@ -53,7 +53,7 @@ def test_block(benchmark, request, case: Case):
 
     def check(result):
         result = np.asarray(result)
-        assert result.dtype == np.float32, result.dtype
+        assert result.dtype == np.dtype(spec.dtype), result.dtype
         np.testing.assert_allclose(result, _expected[spec.name], rtol=spec.rtol, atol=spec.atol,
                                    err_msg=f"{case.id}: result differs from float64 NumPy")
 
