@@ -40,9 +40,11 @@ BCAST_MAX_K, BCAST_MIN_N, BCAST_MIN_ROWS = 64, 256, 32
 BCAST_WIDE_MIN_ROWS = 256  # x·Aᵀ-like shapes (the dot region) on bcast from this many rows
 DOT_MR, DOT_NR = 4, 2  # 8 accumulators + 2 + 1 registers of 16
 BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
-# blocked: 6 x 2 accumulators of WIDE_BYTES, K in slices of KC (a [KC, NR] panel slice is
-# 32 KiB in float32 with 64-byte vectors: L1); from BLOCKED_MIN_ROWS rows, and N of a panel
-BLOCKED_MR, BLOCKED_NV, BLOCKED_KC = 6, 2, 256
+# blocked: MR x NV accumulators of WIDE_BYTES, K in slices of KC; from BLOCKED_MIN_ROWS rows,
+# and N of a panel. 4 x 4 where AVX-512 gives 32 registers (4-row strips also fit the short
+# tiles of 128-row calls whole); 6 x 2 fits AVX2's 16 (tuning log)
+BLOCKED_MR, BLOCKED_NV = (4, 4) if simd.WIDE_BYTES == 64 else (6, 2)
+BLOCKED_KC = 256
 # below these, BLAS is as fast or faster: packing costs about what the register tile saves
 # (docs/performance.md: bench/tools/gemm_forms.py)
 BLOCKED_MIN_ROWS, BLOCKED_MIN_N, BLOCKED_MIN_K = 12, 256, 128
