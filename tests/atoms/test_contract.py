@@ -374,6 +374,21 @@ def force_form(monkeypatch, form):
     return seen
 
 
+@pytest.mark.parametrize("mr,nv,lanes", [(6, 2, 8), (6, 2, 16), (4, 4, 16), (4, 4, 8)])
+def test_blocked_tile_generator_at_each_register_shape(mr, nv, lanes):
+    """The blocked tile at either host's shape (4 x 4 with AVX-512, 6 x 2 without) and vector
+    width, whichever this host picks: rows off whole strips, columns off panels, K over a slice."""
+    from bench.tools.blocked_tile_ab import make, pack
+
+    gemm, nr = make(mr, nv, lanes, 256)
+    rng = np.random.default_rng(mr * 100 + nv * 10 + lanes)
+    m, k, n = 37, 300, 70
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    out = np.empty(m * n, np.float32)
+    gemm(a.reshape(-1), pack(b, nr), out, m, n, k, 16)
+    np.testing.assert_allclose(out.reshape(m, n), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
 MICRO_CASES = [  # rows and columns with block remainders (rows: every halving block), K
     # below, at and above a vector
     ("dot", [("k", "k")], "ij", T("ik", (37, 300)), T("jk", (19, 300))),
