@@ -31,7 +31,7 @@ from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, 
 from runtime.kernels.codegen import warm_twins
 from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import fail
-from runtime.kernels.layout import align_to
+from runtime.kernels.layout import align_to, c_strides as true_strides  # (every axis, extent 1 too)
 from runtime.core.types import TensorType, is_float
 
 from ._refs import refs_for
@@ -235,10 +235,6 @@ def _strides_over(space: Sequence[str], t: TensorType, strides: Sequence[int],
     """``t``'s strides along the axes of ``space`` (0 where ``t`` lacks the axis or for ``skip``)."""
     own = dict(zip(t.axes, strides))
     return tuple(0 if a == skip else own.get(a, 0) for a in space)
-
-
-def true_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
 
 
 def moves_gather(node: Node, src_strides, idx_strides) -> IndexedMove:

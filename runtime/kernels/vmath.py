@@ -430,6 +430,13 @@ def _vgelu_typed(x):
 
 
 @njit(inline="always", error_model="numpy")
+def _erfc32_coef(m1, m2, i):
+    """Coefficient ``i`` of the erfcx piece that ``m1``, ``m2`` select (a constant index:
+    inlined, it folds to three constants and two selects)."""
+    return _pick(m1, m2, np.float32(_ERFC32[0][i]), np.float32(_ERFC32[1][i]), np.float32(_ERFC32[2][i]))
+
+
+@njit(inline="always", error_model="numpy")
 def _gelu32(x):
     """x·Φ(x) = ½x·(1 + erf(t)), t = x/√2, all in float32. |t| < 0.75: erf by its odd
     polynomial. Beyond, erfc(|t|) = exp(−t²)·G(|t|): x − ½x·erfc for x > 0, ½x·erfc for x < 0
@@ -452,17 +459,17 @@ def _gelu32(x):
     m1, m2 = ac < np.float32(2.5), ac < np.float32(4.5)
     u = (ac - _pick(m1, m2, np.float32(1.625), np.float32(3.5), np.float32(7.35))) * \
         _pick(m1, m2, np.float32(1.0 / 0.875), np.float32(1.0), np.float32(1.0 / 2.85))
-    g = _pick(m1, m2, np.float32(_ERFC32[0][10]), np.float32(_ERFC32[1][10]), np.float32(_ERFC32[2][10]))
-    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][9]), np.float32(_ERFC32[1][9]), np.float32(_ERFC32[2][9])))
-    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][8]), np.float32(_ERFC32[1][8]), np.float32(_ERFC32[2][8])))
-    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][7]), np.float32(_ERFC32[1][7]), np.float32(_ERFC32[2][7])))
-    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][6]), np.float32(_ERFC32[1][6]), np.float32(_ERFC32[2][6])))
-    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][5]), np.float32(_ERFC32[1][5]), np.float32(_ERFC32[2][5])))
-    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][4]), np.float32(_ERFC32[1][4]), np.float32(_ERFC32[2][4])))
-    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][3]), np.float32(_ERFC32[1][3]), np.float32(_ERFC32[2][3])))
-    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][2]), np.float32(_ERFC32[1][2]), np.float32(_ERFC32[2][2])))
-    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][1]), np.float32(_ERFC32[1][1]), np.float32(_ERFC32[2][1])))
-    g = _fma32(g, u, _pick(m1, m2, np.float32(_ERFC32[0][0]), np.float32(_ERFC32[1][0]), np.float32(_ERFC32[2][0])))
+    g = _erfc32_coef(m1, m2, 10)
+    g = _fma32(g, u, _erfc32_coef(m1, m2, 9))
+    g = _fma32(g, u, _erfc32_coef(m1, m2, 8))
+    g = _fma32(g, u, _erfc32_coef(m1, m2, 7))
+    g = _fma32(g, u, _erfc32_coef(m1, m2, 6))
+    g = _fma32(g, u, _erfc32_coef(m1, m2, 5))
+    g = _fma32(g, u, _erfc32_coef(m1, m2, 4))
+    g = _fma32(g, u, _erfc32_coef(m1, m2, 3))
+    g = _fma32(g, u, _erfc32_coef(m1, m2, 2))
+    g = _fma32(g, u, _erfc32_coef(m1, m2, 1))
+    g = _fma32(g, u, _erfc32_coef(m1, m2, 0))
     tla = tl if th >= np.float32(0.0) else -tl  # |t| = ac + tla
     sh = ac * ac
     sl = _fma32(ac, ac, -sh) + np.float32(2.0) * ac * tla
