@@ -20,7 +20,7 @@ import numpy as np
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, every_axis
 from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel, plain_kernel
 from runtime.core.errors import fail
-from runtime.kernels.layout import align_to
+from runtime.kernels.layout import align_to, span_view
 from runtime.core.types import NAME_RE, Size, TensorType
 
 from . import _copy
@@ -253,8 +253,10 @@ def flat_view(x: np.ndarray) -> tuple[np.ndarray, int, tuple[int, ...]]:
     if any(s < 0 for s in strides):
         x = x[tuple(slice(None, None, -1) if s < 0 else slice(None) for s in strides)]
     origin = sum((n - 1) * -s for n, s in zip(x.shape, strides) if s < 0)
-    span = 1 + sum((n - 1) * abs(s) for n, s in zip(x.shape, strides))
-    flat = np.lib.stride_tricks.as_strided(x, shape=(span,), strides=(item,), writeable=False)
+    if x.size == 0:  # (a one-element span, as before: never read)
+        flat = np.lib.stride_tricks.as_strided(x, shape=(1,), strides=(item,), writeable=False)
+    else:
+        flat = span_view(x)
     return flat.view(BITS[item]), origin, strides
 
 

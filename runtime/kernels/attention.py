@@ -35,6 +35,7 @@ from numba.extending import intrinsic
 
 from runtime.kernels import simd, vmath
 from runtime.kernels.atomic import WORKERS
+from runtime.kernels.layout import span_view
 from runtime.kernels.codegen import configure_numba_cache, load_generated
 
 # Below this many multiply-adds (rows × visible keys × head dim, as if unmasked) a call runs
@@ -357,11 +358,9 @@ def flat(x: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
     if any(s < 0 or s % item for s in x.strides):
         x = np.ascontiguousarray(x)
     strides = tuple(s // item for s in x.strides)
-    span = 1 + sum((n - 1) * s for n, s in zip(x.shape, strides)) if x.size else 1
     if x.size == 0:
         return np.zeros(1, x.dtype), strides
-    view = np.lib.stride_tricks.as_strided(x, shape=(span,), strides=(item,), writeable=False)
-    return view, strides
+    return span_view(x), strides
 
 
 _tables_lock = threading.Lock()
