@@ -422,19 +422,21 @@ def free_reshape(node: Node) -> frozenset[str]:
     return frozenset(kept)
 
 
-def _spec(name, inputs, attributes, infer, reference, moves, summary, free, reads_all=True) -> AtomSpec:
+def _spec(name, inputs, attributes, infer, reference, moves, summary, free, reads_all=True,
+          view=False) -> AtomSpec:
     """``reads_all``: the moves read every element of every operand (all but slice), so the
-    cpu kernel can take over their finiteness check."""
+    cpu kernel can take over their finiteness check. ``view``: see ``AtomSpec.view``."""
     return AtomSpec(name=name, refs=refs_for(name), inputs=inputs, attributes=frozenset(attributes),
                     dtypes={operand: "any" for operand in inputs},
                     infer=infer, kernels={"reference": node_kernel(reference), "cpu": mover_cpu(moves, reads_all),
                                           "cuda": node_kernel(mover_cuda(moves))},
-                    summary=summary, free_axes=free)
+                    summary=summary, free_axes=free, view=view)
 
 
 SPECS = [
     _spec("reshape", ("value",), {"output_axes", "output_sizes"}, infer_reshape, _ref_reshape,
-          moves_reshape, "C-order reshape; one unresolved output symbol is inferred at run time", free_reshape),
+          moves_reshape, "C-order reshape; one unresolved output symbol is inferred at run time", free_reshape,
+          view=True),
     _spec("permute", ("value",), {"output_axes"}, infer_permute, _ref_permute, moves_permute,
           "axes reordered", every_axis),
     _spec("broadcast", ("value",), {"output_axes", "output_sizes"}, infer_broadcast,

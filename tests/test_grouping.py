@@ -32,10 +32,10 @@ def _mix(ctx: InferContext) -> TensorType:
     return ctx.output(left.axes[:-1] + right.axes[:1], left.sizes[:-1] + right.sizes[:1])
 
 
-def spec(name, infer, inputs, elementwise=None, anchors=(), inplace=None) -> AtomSpec:
+def spec(name, infer, inputs, elementwise=None, anchors=(), inplace=None, view=False) -> AtomSpec:
     return AtomSpec(name, (f"test/formula-atom-{name}@1",), inputs, frozenset(), infer,
                     elementwise=elementwise, anchors=frozenset(anchors),
-                    inplace=inplace)
+                    inplace=inplace, view=view)
 
 
 def ew(expr):
@@ -49,6 +49,7 @@ MIX = spec("mix", _mix, ("left", "right"), anchors=("cpu",))  # anchors on cpu o
 MIX_PLAIN = spec("mix-plain", _mix, ("left", "right"))  # no anchor kernel anywhere
 CUMSUM = spec("cumsum", _same, ("value",))  # neither elementwise nor an anchor
 OPAQUE = spec("opaque", _same, ("value",), lambda node: None)  # elementwise() declines
+VIEW = spec("view", _same, ("value",), view=True)  # the operand's memory as is (a reshape)
 
 def t(**axes) -> TensorType:
     return TensorType(tuple(axes), tuple(axes.values()), "float64", "d")

@@ -15,8 +15,8 @@ from runtime.kernels.layout import align_to
 from runtime.program.model import Limits
 from runtime.plan.planner import make_plan
 from runtime.testing import ProgramBuilder
-from tests.test_grouping import (ADD, CUMSUM, MIX, MIX_PLAIN, OPAQUE, SCALE, TANH, Prog, seed_like, spec,
-                                 t)
+from tests.test_grouping import (ADD, CUMSUM, MIX, MIX_PLAIN, OPAQUE, SCALE, TANH, VIEW, Prog, seed_like,
+                                 spec, t)
 
 BIG = 1 << 40
 
@@ -46,6 +46,8 @@ def _eval(node, args):
         return args[0] @ args[1].T
     if name == "cumsum":
         return np.cumsum(args[0], axis=0)
+    if name == "view":
+        return args[0].reshape(node.output_type.shape)
     assert name == "opaque"
     return args[0] * 2.0
 
@@ -59,7 +61,8 @@ def _reference(p: Prog, values):
 
 def simulate(plan, p: Prog, values):
     """Run the plan as the executor would: temporaries are views into one arena (pre-filled
-    with NaN so an unwritten or clobbered read shows), outputs are fresh arrays."""
+    with NaN so an unwritten or clobbered read shows), outputs are fresh arrays, and a view
+    group runs nothing (its output is its operand's memory)."""
     mem = np.full(max(plan.arena_bytes, 8) // 8 + 1, np.nan)
     raw = mem.view(np.uint8)
     outs = {}
@@ -76,6 +79,9 @@ def simulate(plan, p: Prog, values):
 
     ns_math = SimpleNamespace(tanh=np.tanh)
     for gi, g in enumerate(plan.groups):
+        if gi in plan.views:
+            assert plan.buffers[g.output_slot].alias_of is not None
+            continue
         value = None
         if g.anchor is not None:
             value = _eval(g.anchor, [where(s, gi).copy() for s in g.anchor.input_slots])
@@ -138,7 +144,7 @@ def programs(draw):
         c = draw(st.sampled_from("AB"))
         pick = lambda: draw(st.sampled_from(by_class[c]))  # noqa: E731
         kind = draw(st.sampled_from(["tanh", "add", "scale", "mix", "mix-plain", "cumsum", "opaque",
-                                     "factor"]))
+                                     "factor", "view"]))
         if kind == "add":
             slot, oc = p.op(ADD, pick(), pick()), c
         elif kind == "scale":
@@ -151,7 +157,7 @@ def programs(draw):
         elif kind in ("mix", "mix-plain"):
             slot, oc = p.op(MIX if kind == "mix" else MIX_PLAIN, pick(), weights[c]), "B" if c == "A" else "A"
         else:
-            slot, oc = p.op({"tanh": TANH, "cumsum": CUMSUM, "opaque": OPAQUE}[kind], pick()), c
+            slot, oc = p.op({"tanh": TANH, "cumsum": CUMSUM, "opaque": OPAQUE, "view": VIEW}[kind], pick()), c
         by_class[oc].append(slot)
         produced.append(slot)
     extra = draw(st.lists(st.sampled_from(produced), unique=True, max_size=3))
@@ -239,6 +245,53 @@ def test_fused_groups_reuse_an_epilogue_operand_of_the_output_shape_in_place():
     assert plan.groups[1].anchor is None and plan.buffers[v].alias_of == u
     assert plan.buffers[u].offset == plan.buffers[v].offset
     check_invariants(plan, p, [w])
+
+
+def test_a_view_of_a_temporary_aliases_it_and_runs_no_kernel():
+    p = Prog()
+    x = p.input("x", t(T=3, D=4))
+    a = p.op(CUMSUM, x)
+    v = p.op(VIEW, a)
+    w = p.op(VIEW, v)  # a view of a view: the same root
+    out = p.op(CUMSUM, w)
+    plan = plan_of(p, [out], "cpu")
+    b = plan.buffers
+    assert plan.views == {1, 2} and b[v].alias_of == a and b[w].alias_of == a
+    assert b[a].last == 3 and plan.arena_bytes == b[a].nbytes  # extended over the views' readers
+    assert [g.output_slot for g in plan.kernel_groups] == [a, out]
+    assert "a view of %0" in plan.describe() and plan.to_dict()["schedule"][1]["kernel"] == "view"
+    check_invariants(plan, p, [out])
+
+
+def test_no_view_of_a_binding_into_an_output_or_on_the_reference_backend():
+    p = Prog()
+    x = p.input("x", t(T=3, D=4))
+    v = p.op(VIEW, x)  # a caller's array: copied by the kernel
+    a = p.op(CUMSUM, v)
+    out = p.op(VIEW, a)  # an output is a fresh array
+    assert not plan_of(p, [out], "cpu").views
+    p2 = Prog()
+    a2 = p2.op(CUMSUM, p2.input("x", t(T=3, D=4)))
+    out2 = p2.op(CUMSUM, p2.op(VIEW, a2))
+    assert plan_of(p2, [out2], "cpu").views == {1}
+    assert not plan_of(p2, [out2], "reference").views  # the oracle copies
+
+
+def test_no_in_place_over_a_buffer_a_view_still_reads():
+    """``a`` dies at ``b`` by its own readers, but its view ``v`` is read after: ``b`` may not
+    take the buffer they share."""
+    p = Prog()
+    x = p.input("x", t(T=3, D=4))
+    a = p.op(CUMSUM, x)
+    v = p.op(VIEW, a)
+    doubled = spec("opaque", lambda ctx: ctx.operands[0], ("value",), lambda node: None, inplace=0)
+    b = p.op(doubled, a)  # a lone node, in place on a: a's last reader
+    c = p.op(ADD, b, v)
+    plan = plan_of(p, [c], "cpu", fuse=True)
+    assert plan.buffers[v].alias_of == a and plan.buffers[b].alias_of is None
+    check_invariants(plan, p, [c])
+    values = {"x": np.random.default_rng(1).standard_normal((3, 4))}
+    np.testing.assert_allclose(simulate(plan, p, values)[c], _reference(p, values)[c], rtol=1e-12)
 
 
 def test_an_anchor_operand_is_never_reused_in_place():

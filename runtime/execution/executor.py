@@ -313,7 +313,7 @@ class Executable:
         binding_slots = set(binding_types)
         unclaimed = {n for n, t in binding_types.items() if t.dtype in FLOAT_DTYPES} - resident
         launches, upfront = [], []
-        for group in plan.groups:
+        for group in plan.kernel_groups:  # (a view's output is its operand's buffer: nothing to run)
             checks = []
             for node in group.nodes:
                 if node.atom.check_values is not None:

@@ -33,7 +33,7 @@ class Buffer:
     first: int  # group index of the producer (-1 for bindings: live before the first group)
     last: int  # last group index reading it (in-place roots: extended over their aliases)
     offset: int | None = None  # arena offset of temporaries (aliases: their root's offset)
-    alias_of: str | None = None  # in-place: the temporary whose buffer this one reuses
+    alias_of: str | None = None  # in-place or view: the temporary whose buffer this one reuses
 
     @property
     def in_arena(self) -> bool:
@@ -55,6 +55,12 @@ class Plan:
     scratch_bytes: int = 0  # kernels' own scratch beyond the slots (AtomSpec.scratch_bytes), summed
     free: FreeAxes | None = None  # the program's free axes (runtime.plan.freeaxes)
     chunking: Chunking | None = None  # set on the plan of one slice of a chunked run
+    views: frozenset[int] = frozenset()  # groups that run no kernel: their output aliases their operand
+
+    @property
+    def kernel_groups(self) -> tuple[Group, ...]:
+        """The groups whose kernels run, in order (every group but the views)."""
+        return tuple(g for i, g in enumerate(self.groups) if i not in self.views)
 
     @property
     def working_bytes(self) -> int:
@@ -72,7 +78,8 @@ class Plan:
         """JSON-ready: the schedule, lifetimes and offsets, peak vs sum, and the verdict."""
         return {
             "backend": self.backend, "fused": self.fused, "dims": dict(self.dims),
-            "schedule": [{"group": i, "runs_at": g.nodes[-1].instruction_id, "kernel": g.kind,
+            "schedule": [{"group": i, "runs_at": g.nodes[-1].instruction_id,
+                          "kernel": "view" if i in self.views else g.kind,
                           "anchor": g.anchor.instruction_id if g.anchor is not None else None,
                           "instructions": [n.instruction_id for n in g.nodes],
                           "atoms": [n.atom.name for n in g.nodes],
@@ -102,7 +109,8 @@ class Plan:
                  f"schedule: {len(self.groups)} kernel groups for {n_nodes} instructions"]
         for i, g in enumerate(self.groups):
             away = f"  (fused away: {', '.join(g.fused_slots)})" if g.fused_slots else ""
-            lines.append(f"  [{i}] {g.kind:<17} {g.label} -> {g.output_slot} {g.output_type}{away}")
+            kind = "view" if i in self.views else g.kind
+            lines.append(f"  [{i}] {kind:<17} {g.label} -> {g.output_slot} {g.output_type}{away}")
         lines.append("lifetimes (group indices; '#' live, '=' pinned) and arena offsets:")
         timeline = len(self.groups) <= 48
         width = max([len(s) for s in self.buffers] + [4])
@@ -112,7 +120,8 @@ class Plan:
         for b in self.buffers.values():
             span = f"{'in' if b.first < 0 else b.first}..{b.last if b.last >= 0 else '-'}"
             if b.alias_of is not None:
-                where = f"offset {b.offset} (in place of {b.alias_of})"
+                how = "a view of" if b.first in self.views else "in place of"
+                where = f"offset {b.offset} ({how} {b.alias_of})"
             elif b.offset is not None:
                 where = f"offset {b.offset}..{b.offset + b.nbytes}"
             else:
@@ -173,12 +182,19 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
         kind = (binding_kinds or {}).get(slot, "input")
         buffers[slot] = Buffer(slot, kind, sizes[slot], -1, last_read.get(slot, -1))
     output_set = set(outputs)
+    views = set()
     for gi, g in enumerate(groups):
         slot = g.output_slot
         kind = "output" if slot in output_set else "temporary"
         buffers[slot] = Buffer(slot, kind, sizes[slot], gi, last_read.get(slot, gi))
         keep = keep_fused_operands and len(g.nodes) > 1
-        source = _inplace_source(g, gi, buffers, last_read) if kind == "temporary" and not keep else None
+        source = None
+        if kind == "temporary" and fuse:
+            source = _view_source(g, buffers)
+            if source is not None:
+                views.add(gi)
+        if source is None and kind == "temporary" and not keep:
+            source = _inplace_source(g, gi, buffers, last_read)
         if source is not None:
             root = buffers[source].alias_of or source
             buffers[slot] = attrs.evolve(buffers[slot], alias_of=root)
@@ -192,7 +208,9 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
     plan = Plan(dict(dims), tuple(groups), buffers, peak, sum(b.nbytes for b in temporaries),
                 sum(b.nbytes for b in buffers.values() if b.kind in ("input", "bank")),
                 sum(b.nbytes for b in buffers.values() if b.kind == "output"), limits.max_working_bytes,
-                backend, bool(fuse), kernel_scratch([n for g in groups for n in g.kernel_nodes], backend))
+                backend, bool(fuse),
+                kernel_scratch([n for gi, g in enumerate(groups) if gi not in views for n in g.kernel_nodes], backend),
+                views=frozenset(views))
     if enforce and not plan.fits:
         fail("limit_exceeded", "$.limits.max_working_bytes",
              f"the working set needs {plan.working_bytes} bytes (bindings {plan.binding_bytes} + "
@@ -204,6 +222,21 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
                       f"the working set (bindings {plan.binding_bytes} + arena peak {plan.arena_bytes} + "
                       f"outputs {plan.output_bytes})")
     return plan
+
+
+def _view_source(g: Group, buffers: Mapping[str, Buffer]) -> str | None:
+    """The temporary operand whose buffer a lone ``view`` node's output is (``AtomSpec.view``):
+    the same bytes in C order, so the output needs neither memory nor a kernel. Bindings keep
+    the kernel: a caller's array need not be C-contiguous, and a view of it would outlive the
+    run."""
+    node = g.anchor
+    if node is None or g.rewritten or not g.epilogue.empty or not node.atom.view or len(node.input_slots) != 1:
+        return None
+    b = buffers.get(node.input_slots[0])
+    if b is None or b.kind != "temporary" or b.nbytes != buffers[g.output_slot].nbytes \
+            or node.input_types[0].dtype != node.output_type.dtype:
+        return None
+    return b.slot
 
 
 def _inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read) -> str | None:
@@ -225,7 +258,8 @@ def _inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read)
     for slot in candidates:
         b = buffers.get(slot)
         if b is not None and b.kind == "temporary" and last_read.get(slot) == gi \
-                and b.nbytes == buffers[g.output_slot].nbytes:
+                and b.nbytes == buffers[g.output_slot].nbytes \
+                and buffers[b.alias_of or slot].last <= gi:  # (a view may share the buffer longer)
             return slot
     return None
 

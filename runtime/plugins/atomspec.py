@@ -53,6 +53,10 @@ class AtomSpec:
     # elementwise successors into it, applied before each store
     anchors: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     inplace: int | None = None  # operand whose buffer the output may reuse
+    # the output is operand 0's memory read in C order under another shape (a C-order
+    # reshape): on a fusing backend the planner makes such an output of a temporary operand
+    # an alias of that operand's buffer, and no kernel runs for it
+    view: bool = False
     # backends whose kernels take float16/bfloat16 operands as they are (data movement by item
     # size: gather, window, layout copies, cast). On the other fusing backends the planner
     # widens half operands to float32 temporaries, runs the float32 kernel and rounds the output

@@ -72,6 +72,7 @@ def atoms_table(registry) -> list[dict[str, Any]]:
             "anchor_backends": _sorted_backends(spec.anchors),
             "value_checks": spec.check_values is not None,
             "inplace": spec.inplace,
+            "view": spec.view,
             "summary": spec.summary,
         })
     rows.sort(key=lambda r: (r["atom"], r["alias_of"] is not None, r["reference"]))
@@ -88,6 +89,8 @@ def _traits(row: dict[str, Any]) -> str:
         traits.append("value checks")
     if row["inplace"] is not None:
         traits.append(f"in-place on {row['inputs'][row['inplace']]}")
+    if row.get("view"):
+        traits.append("view (no copy of a temporary)")
     return ", ".join(traits) or "-"
 
 

@@ -293,6 +293,9 @@ def _check_spec(spec: object, info: PluginInfo) -> None:
         raise TypeError(f"{where}: atom {spec.name!r} has no callable infer")
     if spec.inplace is not None and not 0 <= spec.inplace < len(spec.inputs):
         raise ValueError(f"{where}: atom {spec.name!r} declares inplace operand {spec.inplace}")
+    if not isinstance(spec.view, bool) or (spec.view and len(spec.inputs) != 1):
+        raise ValueError(f"{where}: atom {spec.name!r} declares view={spec.view!r}; a view atom has "
+                         f"exactly one operand (it has {len(spec.inputs)})")
     for operand, expr in spec.dtypes.items():
         if operand not in spec.inputs:
             raise ValueError(f"{where}: atom {spec.name!r} declares dtypes of {operand!r}, "
