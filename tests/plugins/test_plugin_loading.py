@@ -112,6 +112,16 @@ def test_broken_plugins_are_reported_and_the_rest_keeps_working(site):
         def formula_register_atoms(register):
             register({"name": "a dict is not an AtomSpec"})
         ''')
+    bad_view = fake_dist(site, "fake-view", '''
+        from runtime.plugins.atomspec import AtomSpec
+        from runtime.plugins.hookspecs import hookimpl
+
+        @hookimpl
+        def formula_register_atoms(register):
+            register(AtomSpec(name="pair-view", refs=("fake-view/formula-atom-pair-view@1",),
+                              inputs=("a", "b"), attributes=frozenset(), infer=lambda ctx: ctx.operands[0],
+                              view=True))
+        ''')
     raising = fake_dist(site, "fake-raise", '''
         from runtime.plugins.hookspecs import hookimpl
 
@@ -127,8 +137,10 @@ def test_broken_plugins_are_reported_and_the_rest_keeps_working(site):
     assert "malformed references ('not a reference',)" in problems[f"{bad_spec} (fake-spec 1.0)"]
     assert "is not an AtomSpec" in problems[f"{not_a_spec} (fake-object 1.0)"]
     assert "RuntimeError: hook exploded" in problems[f"{raising} (fake-raise 1.0)"]
+    assert "declares view=True; a view atom has exactly one operand (it has 2)" in \
+        problems[f"{bad_view} (fake-view 1.0)"]
     assert not any(r.startswith("fake-spec/") or "oops" == s.name for r, s in registry.atoms.items())
-    for name in (bad_import, bad_spec, not_a_spec, raising):
+    for name in (bad_import, bad_spec, not_a_spec, raising, bad_view):
         assert name not in registry.plugins
 
     # the healthy plugin (and any installed one) still works
@@ -147,7 +159,7 @@ def test_broken_plugins_are_reported_and_the_rest_keeps_working(site):
     assert rows[f"{bad_import} (fake-import 1.0)"]["status"] == "failed"
     text = diagnostics.format_plugins(diagnostics.plugins_report(registry))
     assert f"{bad_import} (fake-import 1.0)  FAILED" in text and "needs libfoo >= 2" in text
-    assert "4 failed to load" in text
+    assert "5 failed to load" in text
 
 
 @needs_norms
