@@ -457,7 +457,7 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
           f"            counts[w] = work({wargs})",
           *(["    total = nfb", "    for w in range(nwork):", "        total += counts[w]", "    return total"]
             if counting else [])]
-    return "\n".join(L) + "\n"
+    return "\n".join(vmath.with_imports(L)) + "\n"
 
 
 def _scan_after() -> list[str]:

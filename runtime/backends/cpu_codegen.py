@@ -135,7 +135,7 @@ def render(name: str, args: Sequence[tuple[str, str, int, bool]], lines: Sequenc
             f"SIGNATURE = _t.{returns}({', '.join(sig)}, _t.int64)", "",
             f"@njit(SIGNATURE, cache=True, parallel={parallel}, error_model='numpy', nogil=True)",
             f"def kernel({params}, nblk):"]
-    return "\n".join(head + vmath.cpu_code(lines)) + "\n"
+    return "\n".join(vmath.with_imports(head + vmath.cpu_code(lines))) + "\n"
 
 
 class NestKernel:

@@ -323,7 +323,7 @@ def _source(dt: str, chain: Sequence[str], parallel: bool) -> str:
             f"DT = np.{dt}", f"L = {simd.lanes(dt)}", f"WK = {QK_VECTORS * simd.lanes(dt)}",
             f"WE = {PV_VECTORS * simd.lanes(dt)}", "",
             f"@njit(_t.int64({sig}), cache=True, parallel={parallel}, error_model='numpy', nogil=True)"]
-    return "\n".join(head + vmath.cpu_code(body.strip("\n").split("\n"))) + "\n"
+    return "\n".join(vmath.with_imports(head + vmath.cpu_code(body.strip("\n").split("\n")))) + "\n"
 
 
 class AttentionKernel:
