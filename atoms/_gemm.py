@@ -293,7 +293,7 @@ KERNEL_HEAD = ["ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "scan_a", "b
 
 def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[Addressing],
                 epilogue: Epilogue, scanned: Sequence[int] = (), checked: Sequence[int] = (),
-                values: bool = False, forms: frozenset[int] = ALL_FORMS) -> str:
+                values: bool = False, forms: frozenset[int] = ALL_FORMS, shared: Sequence[int] = ()) -> str:
     """``scan_a``: ``a`` is the left operand in C order, scanned for non-finite values tile by
     tile just before BLAS reads the tile (then from cache); ``scan_b``: ``b`` holds the whole
     right operand, scanned once (both only for operands in ``scanned``). ``checked``: the
@@ -416,14 +416,15 @@ def _cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[
     L += ["            orow = np.uint64(orow)", "            srow = np.uint64(srow)",
           *(["            bad = False"] if counting else []),
           "            for j in range(np.uint64(n)):"]
-    reads = [f"x{j}[x{j}r + {uindex_code(f'x{j}n', ad.kinds[2], 'j')}]" for j, ad in enumerate(extra_addr)]
+    store = f"out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}]"
+    reads = [store if j in shared else f"x{j}[x{j}r + {uindex_code(f'x{j}n', ad.kinds[2], 'j')}]"
+             for j, ad in enumerate(extra_addr)]  # (an extra in out's memory: read there)
     L.append("                acc = scratch[srow + j]")
     lines, result = epilogue.emit("acc", reads, indent="                ",
                                   nonfinite="bad" if counting else None, checked=checked, values=values)
     L += vmath.cpu_code(lines)
-    L.append(f"                out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}] = {result}")
+    L.append(f"                {store} = {result}")
     if values:  # the stored value too: rounding to the output dtype can overflow
-        store = f"out[orow + {uindex_code('on', addrs[0].kinds[2], 'j')}]"
         L.append(f"                bad |= ({store} - {store}) != 0")
     if counting:  # (a row's flag, then counted: an int64 count per element halves the vectors)
         L += ["            nf += bad", "    return nf"]
@@ -579,12 +580,14 @@ def cpu_anchor(request: KernelRequest, low: Lowering, whole: tuple[int, int, int
     for a, ad in enumerate([out_addr] + extra_addr):
         ints[_I_ADDR + 3 * a:_I_ADDR + 3 * a + 3] = ad.strides
         tables += [tb for tb in ad.tables if tb is not None]
+    shared = tuple(request.output_extras)
     label = f"{epilogue.key} scan={scanned} checked={checked}{' values' if values else ''} {dt} forms={sorted(forms)} out={''.join(k[0] for k in out_addr.kinds)}" + "".join(
-        f" x{j}={''.join(k[0] for k in ad.kinds)}" for j, ad in enumerate(extra_addr))
+        f" x{j}={''.join(k[0] for k in ad.kinds)}" for j, ad in enumerate(extra_addr)) + \
+        (f" in-out={list(shared)}" if shared else "")
     register_blas()
     configure_numba_cache()
-    module = load_generated(_cpu_source(label, dt, out_addr, extra_addr, epilogue, scanned, checked, values, forms),
-                            "contract_cpu")
+    module = load_generated(_cpu_source(label, dt, out_addr, extra_addr, epilogue, scanned, checked, values, forms,
+                                        shared), "contract_cpu")
     kernel = module.kernel
     flatteners = [keepdims_flattener(t, out_type) for t in epilogue.extra_types]
     scan_right = 1 in scanned

@@ -371,6 +371,45 @@ def test_a_reshape_of_a_temporary_is_a_view_even_where_a_chain_could_write_in_pl
     assert_backends_agree(program, inputs, backends=(backend,))
 
 
+def test_no_in_place_over_an_operand_that_another_operand_of_the_group_views():
+    """scale(u, r) with r a view of u under other axis names: written in place of u, the
+    chain would overwrite elements of r it has still to read at other indices."""
+    b = ProgramBuilder()
+    x = b.input("x", {"D": 8, "T": 8})
+    u = b.op("permute", [x], {"output_axes": ["T", "D"]})
+    r = b.op("reshape", [u], {"output_axes": ["D", "T"], "output_sizes": [8, 8]})
+    y = b.op("scale", [u, r], {"factor_axes": ["D", "T"], "accumulation_dtype": "float32"})
+    program = b.build(outputs=[b.op("reduce", [y], {"axis": "D", "mode": "sum", "accumulation_dtype": "float32"})])
+    plan = runtime.compile(program, "cpu").plan({})
+    assert plan.buffers[r].alias_of == u and plan.buffers[y].alias_of is None
+    inputs = {"x": np.random.default_rng(3).standard_normal((8, 8), dtype=np.float32)}
+    assert_backends_agree(program, inputs)
+
+
+def test_a_fused_group_in_place_of_an_epilogue_operand_reads_it_through_its_output():
+    """The gated MLP's gate group writes in place of ``up``: the kernel is asked to read it
+    through the output (KernelRequest.output_extras), and computes what the reference does."""
+    from runtime.plan.planner import output_extras
+
+    b = ProgramBuilder()
+    x = b.input("x", {"T": "T", "D": 64})
+    w1, w3 = b.bank("w1", {"F": 96, "D": 64}), b.bank("w3", {"F": 96, "D": 64})
+    acc = {"accumulation_dtype": "float32"}
+    mm = {"reduce_axes": [["D", "D"]], "output_axes": ["T", "F"], **acc}
+    v2 = "arti/formula-atom-scalar-map@2"
+    up = b.op("scalar-map", [b.op("contract", [x, w3], mm)], {"mode": "softplus", **acc}, ref=v2)
+    gate = b.op("scalar-map", [b.op("contract", [x, w1], mm)], {"mode": "silu", **acc}, ref=v2)
+    m = b.op("scale", [gate, up], {"factor_axes": ["T", "F"], **acc})
+    program = b.build(outputs=[b.op("reduce", [m], {"axis": "F", "mode": "sum", **acc})])
+    plan = runtime.compile(program, "cpu").plan({"T": 40})
+    (gi,) = [i for i, g in enumerate(plan.groups) if g.output_slot == m]
+    assert plan.buffers[m].alias_of == up and output_extras(plan, gi) == (0,)
+    rng = np.random.default_rng(4)
+    assert_backends_agree(program, {"x": rng.standard_normal((40, 64), dtype=np.float32)},
+                          {"w1": rng.standard_normal((96, 64), dtype=np.float32) / 8,
+                           "w3": rng.standard_normal((96, 64), dtype=np.float32) / 8})
+
+
 @pytest.mark.parametrize("atom", ["reduce", "masked-softmax"])
 @pytest.mark.parametrize("rows", [4, 600])  # one thread, and tasks on several
 def test_finiteness_of_a_lone_node_operand_is_checked_by_its_kernel(atom, rows):

@@ -221,11 +221,13 @@ def elementwise_kernel(request: KernelRequest) -> Kernel:
     rank = len(groups)
     out_shape = tuple(math.prod(shape[k] for k in g) for g in groups)
     names = [f"i{k}" for k in range(rank)]
+    store = f"out[{index_expr(names, [False] * rank)}]"
     args, reads, prepare = [], [], []
     for j, (t, pat) in enumerate(zip(epilogue.extra_types, patterns)):
         args.append((f"x{j}", numba_type(t.dtype, node.path, what), rank, False))
         gpat = [pat[g[0]] for g in groups]
-        reads.append(f"x{j}[{index_expr(names, gpat)}]")
+        # an operand in out's memory is read there: two arrays LLVM cannot tell apart keep the loop scalar
+        reads.append(store if j in request.output_extras else f"x{j}[{index_expr(names, gpat)}]")
         cshape = tuple(1 if b else n for b, n in zip(gpat, out_shape))
         slicer = tuple(slice(0, 1) if b else slice(None) for b in pat) if any(pat) else None
         if out_type.rank == 0:
@@ -235,13 +237,13 @@ def elementwise_kernel(request: KernelRequest) -> Kernel:
     checked, values = request.count_extras, request.check_outputs
     flag = "bad" if checked or values else None  # counts the non-finite values met
     lines, result = epilogue.emit(None, reads, nonfinite=flag, checked=checked, values=values)
-    store = f"out[{index_expr(names, [False] * rank)}]"
     # (the stored value too: rounding to the output dtype can overflow)
     body = lines + [f"{store} = {result}"] + ([f"{flag} |= ({store} - {store}) != 0"] if values else [])
     dims = [f"out.shape[{k}]" for k in range(rank)]
     # (no extents in the source: it must be the same for every extent of a symbolic axis)
     label = f"elementwise {epilogue.key}{f' counting {checked}' if checked else ''}" \
-            f"{' checking values' if values else ''} -> {out_dt} rank {rank}"
+            f"{' checking values' if values else ''} -> {out_dt} rank {rank}" + \
+            (f" in-out {list(request.output_extras)}" if request.output_extras else "")
     kernel = NestKernel("ew", lambda par: render(label, args, loop_nest(dims, body, par, flag), par,
                                                  "int64" if flag else "void"))
 

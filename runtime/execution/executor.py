@@ -33,7 +33,7 @@ from runtime.program.model import Program
 from runtime.execution.outputs import check_out
 from runtime.execution.pool import ResultPool
 from runtime.plan.freeaxes import Chunking, FreeAxes, even_slices, free_axes
-from runtime.plan.planner import Plan, make_plan
+from runtime.plan.planner import Plan, make_plan, output_extras
 from runtime.plugins.registry import Registry
 from runtime.execution.resident import ResidentBanks
 from runtime.plan.resolve import resolve_nodes
@@ -313,7 +313,9 @@ class Executable:
         binding_slots = set(binding_types)
         unclaimed = {n for n, t in binding_types.items() if t.dtype in FLOAT_DTYPES} - resident
         launches, upfront = [], []
-        for group in plan.kernel_groups:  # (a view's output is its operand's buffer: nothing to run)
+        for gi, group in enumerate(plan.groups):
+            if gi in plan.views:  # its output is its operand's buffer: nothing to run
+                continue
             checks = []
             for node in group.nodes:
                 if node.atom.check_values is not None:
@@ -322,12 +324,13 @@ class Executable:
                         upfront.append(entry)
                     else:
                         checks.append(entry)
-            launches.append(self._launch(group, tuple(checks), unclaimed, resident, check_outputs))
+            launches.append(self._launch(group, tuple(checks), unclaimed, resident, check_outputs,
+                                         output_extras(plan, gi)))
             unclaimed.difference_update(launches[-1].counts_nonfinite)
         return CompiledPlan(plan, types, launches, tuple(upfront), self.backend, resident, check_outputs)
 
     def _launch(self, group, checks, unclaimed: set[str], resident: frozenset[str],
-                check_outputs: bool = False) -> _Launch:
+                check_outputs: bool = False, shared: tuple[int, ...] = ()) -> _Launch:
         """The group's kernel, asked (``KernelRequest``) to count the non-finite values of the
         float bindings in ``unclaimed`` that it reads (and, with ``check_outputs``, of the
         values it makes); it answers with what it counts."""
@@ -340,7 +343,8 @@ class Executable:
         check_outputs = check_outputs and any(is_float(n.output_type.dtype) for n in group.nodes)
         if group.anchor is None:
             inputs: tuple[str, ...] = ()
-            request = KernelRequest(None, epilogue, count_extras=count_extras, check_outputs=check_outputs)
+            request = KernelRequest(None, epilogue, count_extras=count_extras, check_outputs=check_outputs,
+                                    output_extras=shared)
             kernel = self.backend.elementwise_kernel(request)
         else:
             anchor = group.anchor
@@ -353,7 +357,7 @@ class Executable:
             request = KernelRequest(
                 anchor, epilogue, count_inputs=tuple(k for k, slot in enumerate(inputs) if slot in unclaimed),
                 count_extras=count_extras, resident=tuple(k for k, slot in enumerate(inputs) if slot in resident),
-                check_outputs=check_outputs)
+                check_outputs=check_outputs, output_extras=shared)
             kernel = factory(request)
             if not isinstance(kernel, Kernel):
                 fail("plugin_error", anchor.path,

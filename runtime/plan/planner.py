@@ -257,11 +257,31 @@ def _inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read)
                       if t.axes == out.axes and t.shape == out.shape]
     for slot in candidates:
         b = buffers.get(slot)
-        if b is not None and b.kind == "temporary" and last_read.get(slot) == gi \
-                and b.nbytes == buffers[g.output_slot].nbytes \
-                and buffers[b.alias_of or slot].last <= gi:  # (a view may share the buffer longer)
-            return slot
+        if b is None or b.kind != "temporary" or last_read.get(slot) != gi \
+                or b.nbytes != buffers[g.output_slot].nbytes:
+            continue
+        root = b.alias_of or slot
+        if buffers[root].last > gi:  # a view of the buffer is read later
+            continue
+        if any(s != slot and s in buffers and buffers[s].kind == "temporary" and (buffers[s].alias_of or s) == root
+               for s in g.input_slots):  # another operand here is a view of it, read at other indices
+            continue
+        return slot
     return None
+
+
+def output_extras(plan: "Plan", gi: int) -> tuple[int, ...]:
+    """The epilogue operands of group ``gi`` whose memory is its output's (in-place reuse), of
+    the output's very axes, extents and dtype: element for element the same addresses and values. A kernel reads
+    them through its output array: read as a second array, LLVM cannot prove the two apart
+    and keeps the loop scalar (``KernelRequest.output_extras``)."""
+    g, buffers = plan.groups[gi], plan.buffers
+    root = buffers[g.output_slot].alias_of
+    if root is None:
+        return ()
+    return tuple(k for k, (s, t) in enumerate(zip(g.epilogue.extra_slots, g.epilogue.extra_types))
+                 if s in buffers and (buffers[s].alias_of or s) == root and buffers[s].kind == "temporary"
+                 and (t.axes, t.shape, t.dtype) == (g.output_type.axes, g.output_type.shape, g.output_type.dtype))
 
 
 def _slot_path(slot: str, slot_index: Mapping[str, int]) -> str:

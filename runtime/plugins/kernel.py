@@ -31,7 +31,11 @@ class KernelRequest:
     node's operands that are resident banks — runtime-owned values that never change while
     they live, which a kernel may transform once (e.g. pack) and reuse run after run.
     ``check_outputs``: the run checks every instruction output for NaN and ±inf (SPEC §3b.3
-    item 2), so the kernel may count them as it stores them."""
+    item 2), so the kernel may count them as it stores them. ``output_extras``: epilogue
+    operands whose memory is the output's (the planner's in-place reuse), of the output's
+    axes and extents: the kernel may read them through its output array at the index it
+    writes (LLVM vectorises a loop that reads and writes one array, not one whose two arrays
+    it cannot prove apart); it need not."""
 
     node: Any = None  # runtime.plugins.atomspec.Node | None
     epilogue: Any = None  # runtime.plan.fusion.Epilogue | None
@@ -39,6 +43,7 @@ class KernelRequest:
     count_extras: tuple[int, ...] = ()
     resident: tuple[int, ...] = ()
     check_outputs: bool = False
+    output_extras: tuple[int, ...] = ()
 
     @property
     def output_type(self):

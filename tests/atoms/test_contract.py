@@ -248,6 +248,25 @@ def test_cpu_anchor_with_epilogue_matches_reference(layout, seed, data):
     close(got, want, _gemm.lower(lt, rt, pairs).dims[3])
 
 
+@pytest.mark.parametrize("rows", [3, 300])  # one tile on BLAS, and blocked tiles in parallel
+def test_cpu_anchor_reads_an_epilogue_operand_in_its_output_memory_through_the_output(rows):
+    """``output_extras``: the output is the base operand's buffer (in-place reuse); the kernel
+    reads base where it writes, never through its own array (which would keep LLVM's loop
+    scalar), and still computes base + v · factor."""
+    node = bind([("D", "D")], "TF", T("TD", (rows, 256)), T("FD", (512, 256)))
+    ot = node.output_type
+    ft = T("F", (512,))
+    rng = np.random.default_rng(5)
+    a, b = random_array(rng, node.input_types[0]), random_array(rng, node.input_types[1])
+    factor, base = random_array(rng, ft), random_array(rng, ot)
+    want = base + reference(node, a, b) * align_to(factor, ft, ot)
+    run = CONTRACT.kernels["cpu"](request_for(node, epilogue_for(node, ft), output_extras=(1,)))
+    got = base.copy()  # base's buffer is the output
+    poisoned = np.full(ot.shape, np.nan, np.float32)  # what the kernel would read were it base's own array
+    run([a, b], [align_to(factor, ft, ot), poisoned], got)
+    close(got, want, 256)
+
+
 def test_cpu_seed_group_parallel_path_and_blas_threads_restored():
     from threadpoolctl import threadpool_info
 
