@@ -10,8 +10,8 @@ Every case is one formula program plus the same computation written for each pee
 - ``mlp``: gelu(x·W1ᵀ)·W2ᵀ at T=4096, 1024→4096→1024, in float32 and in float16 (peers:
   ONNX Runtime and PyTorch; NumPy has no BLAS for float16);
 - ``gated``: ``bench.transformer``'s full block (rotary, silu·softplus gate, a float16 down
-  projection) at D=512, 8×64, F=2048, T=512; its peer is the reference backend (NumPy),
-  as no ONNX graph of rotary positions is written here.
+  projection) at D=512, 8×64, F=2048, T=512; its peers are ONNX Runtime and PyTorch (rotary
+  written with their own operations) and the reference backend, which stands for NumPy.
 
 ONNX Runtime gets the same graph through ``onnx.helper`` with every weight an initializer
 (stored transposed, as deployed ONNX models hold them) and all graph optimisations on;
@@ -81,7 +81,9 @@ def cases(quick: bool = False) -> list[BlockCase]:
                          why_not="NumPy has no BLAS for float16 (its matmul loops in C, minutes at this size)"))
     gated = {"T": 32, "D": 64, "H": 4, "Dh": 16, "F": 128} if quick else {"T": 512, **{k: BLOCK_DIMS[k] for k in "D H Dh F".split()}}
     # the float16 down projection's rounding sets the tolerance, as in bench/test_transformer.py
-    out.append(BlockCase("gated-T{T}".format(**gated), "gated", gated, ("reference",), rtol=1e-2, atol=1e-2))
+    out.append(BlockCase("gated-T{T}".format(**gated), "gated", gated, ("reference", "onnxruntime", "torch"),
+                         rtol=1e-2, atol=1e-2, why_not="no NumPy form of it is written: the reference backend "
+                                                       "(NumPy) stands for NumPy"))
     return out
 
 
@@ -311,6 +313,9 @@ def onnx_model(case: BlockCase, v: Values):
         q, k, v_ = (node("Transpose", [n], f"{n}_t", perm=[0, 2, 1, 3]) for n in ("q", "k", "v"))
         out = node("Transpose", [attention(q, k, v_, "causal_mask", "a")], "out", perm=[0, 2, 1, 3])
         out_shape = ["B", "S", z["H"], z["Dh"]]
+    elif case.kind == "gated":
+        inputs, out = _onnx_gated(z, v, node, init, rms)
+        out_shape = ["T", z["D"]]
     else:
         d, h, dh = z["D"], z["H"], z["Dh"]
         w = v["banks"]
@@ -334,6 +339,59 @@ def onnx_model(case: BlockCase, v: Values):
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
+
+
+def _onnx_gated(z, v: Values, node, init, rms):
+    """bench.transformer's block as ONNX nodes: rotary on interleaved pairs (θ = position · ω
+    in float32, as position-rotary), causal softmax attention over [H, T, S], the gated MLP with
+    Sigmoid·x and Softplus, the down projection in float16 (Cast there and back)."""
+    from onnx import TensorProto, helper
+
+    from atoms.position import frequencies
+
+    d, h, dh, w = z["D"], z["H"], z["Dh"], v["banks"]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", d]),
+              helper.make_tensor_value_info("positions", TensorProto.INT64, ["T"]),
+              helper.make_tensor_value_info("causal_mask", TensorProto.BOOL, ["T", "S"]),
+              helper.make_tensor_value_info("epsilon", TensorProto.FLOAT, [])]
+    omega = frequencies(dh, 10000.0, np.dtype(np.float32)).reshape(1, dh // 2)
+    pos = node("Unsqueeze", [node("Cast", ["positions"], "pos_f", to=TensorProto.FLOAT),
+                             init("axis1", np.array([1], np.int64))], "pos_c")
+    theta = node("Mul", [pos, init("omega", omega)], "theta")  # [T, Dh/2]
+    as_pairs = init("pairs_shape", np.array([0, 1, dh // 2, 1], np.int64))
+    cs = node("Reshape", [node("Cos", [theta], "cos"), as_pairs], "cos4")
+    sn = node("Reshape", [node("Sin", [theta], "sin"), as_pairs], "sin4")
+
+    def project(x, name):  # [T, D] -> [T, H, Dh]
+        flat = node("MatMul", [x, init(f"{name}t", w[name].reshape(h * dh, d).T)], f"{name}_p")
+        return node("Reshape", [flat, init(f"{name}_shape", np.array([0, h, dh], np.int64))], f"{name}_h")
+
+    def rotary(x, tag):  # interleaved pairs (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos)
+        x4 = node("Reshape", [x, init(f"{tag}_s4", np.array([0, h, dh // 2, 2], np.int64))], f"{tag}_4")
+        x0 = node("Slice", [x4, init(f"{tag}_z", np.array([0], np.int64)), init(f"{tag}_o", np.array([1], np.int64)),
+                            init(f"{tag}_ax", np.array([3], np.int64))], f"{tag}_x0")
+        x1 = node("Slice", [x4, f"{tag}_o", init(f"{tag}_t", np.array([2], np.int64)), f"{tag}_ax"], f"{tag}_x1")
+        y0 = node("Sub", [node("Mul", [x0, cs], f"{tag}_a"), node("Mul", [x1, sn], f"{tag}_b")], f"{tag}_y0")
+        y1 = node("Add", [node("Mul", [x0, sn], f"{tag}_c"), node("Mul", [x1, cs], f"{tag}_d")], f"{tag}_y1")
+        y = node("Concat", [y0, y1], f"{tag}_y", axis=3)
+        return node("Reshape", [y, init(f"{tag}_s3", np.array([0, h, dh], np.int64))], f"{tag}_r")
+
+    hn = rms("x", w["norm1_gain"], "n1")
+    q = node("Transpose", [rotary(project(hn, "wq"), "rq")], "q_t", perm=[1, 0, 2])  # [H, T, Dh]
+    k = node("Transpose", [rotary(project(hn, "wk"), "rk")], "k_t", perm=[1, 2, 0])  # [H, Dh, S]
+    v_ = node("Transpose", [project(hn, "wv")], "v_t", perm=[1, 0, 2])  # [H, S, Dh]
+    scores = node("Where", ["causal_mask", node("MatMul", [q, k], "scores"), init("neg", np.float32(-np.inf))], "masked")
+    att = node("MatMul", [node("Softmax", [scores], "p", axis=-1), v_], "att")  # [H, T, Dh]
+    att = node("Reshape", [node("Transpose", [att], "att_t", perm=[1, 0, 2]),
+                           init("att_shape", np.array([0, h * dh], np.int64))], "att_r")
+    x2 = node("Add", ["x", node("MatMul", [att, init("wot", w["wo"].reshape(d, h * dh).T)], "o")], "x2")
+    h2 = rms(x2, w["norm2_gain"], "n2")
+    gate = node("MatMul", [h2, init("w1t", w["w1"].T)], "gate")
+    up = node("Softplus", [node("MatMul", [h2, init("w3t", w["w3"].T)], "up_p")], "up")
+    m = node("Mul", [node("Mul", [gate, node("Sigmoid", [gate], "sig")], "silu"), up], "m")
+    m16 = node("Cast", [m], "m16", to=TensorProto.FLOAT16)
+    down = node("Cast", [node("MatMul", [m16, init("w2t", w["w2"].T)], "down16")], "down", to=TensorProto.FLOAT)
+    return inputs, node("Add", [x2, down], "out")
 
 
 def onnxruntime_fn(case: BlockCase, v: Values) -> Fn:
@@ -378,6 +436,33 @@ def torch_fn(case: BlockCase, v: Values) -> Fn:
     if case.kind == "mlp":
         def compute():
             return gelu(t["x"] @ t["w1"].T) @ t["w2"].T
+    elif case.kind == "gated":
+        from atoms.position import frequencies
+
+        z = case.sizes
+        d, h, dh = z["D"], z["H"], z["Dh"]
+        omega = torch.from_numpy(frequencies(dh, 10000.0, np.dtype(np.float32)))
+        w = {n: t[n].reshape(h * dh, d).T.contiguous() for n in ("wq", "wk", "wv")}
+        wot = t["wo"].reshape(d, h * dh).T.contiguous()
+        w1t, w3t, w2t = t["w1"].T.contiguous(), t["w3"].T.contiguous(), t["w2"].T.contiguous()
+        silu, softplus = torch.nn.functional.silu, torch.nn.functional.softplus
+
+        def rotary(x, cs, sn):  # [T, H, Dh], interleaved pairs
+            x0, x1 = x[..., 0::2], x[..., 1::2]
+            return torch.stack((x0 * cs - x1 * sn, x0 * sn + x1 * cs), dim=-1).flatten(-2)
+
+        def compute():
+            x = t["x"]
+            theta = (t["positions"].to(torch.float32)[:, None] * omega)[:, None, :]  # [T, 1, Dh/2]
+            cs, sn = torch.cos(theta), torch.sin(theta)
+            hn = rms(x, t["norm1_gain"])
+            q, k, v_ = ((hn @ w[n]).reshape(-1, h, dh) for n in ("wq", "wk", "wv"))
+            q, k = rotary(q, cs, sn), rotary(k, cs, sn)
+            att = sdpa(q.transpose(0, 1), k.transpose(0, 1), v_.transpose(0, 1), attn_mask=t["causal_mask"], scale=1.0)
+            x2 = x + att.transpose(0, 1).reshape(-1, h * dh) @ wot
+            h2 = rms(x2, t["norm2_gain"])
+            m = silu(h2 @ w1t) * softplus(h2 @ w3t)
+            return x2 + (m.to(torch.float16) @ w2t).to(torch.float32)
     elif case.kind == "attention":
         def compute():
             return attention(t["q"], t["k"], t["v"], t["causal_mask"])
