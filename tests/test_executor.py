@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import runtime
 from runtime.testing import ProgramBuilder, assert_backends_agree, random_values
@@ -467,3 +468,51 @@ def test_a_layout_copy_checks_the_finiteness_of_what_it_reads_in_full(rows):
             exe.run(inputs={**inputs, name: bad})
         assert (err.value.code, err.value.path) == ("nonfinite", f"$.inputs.{name}")
         assert str(list(where)) in err.value.message
+
+
+# --- random programs of views, in-place chains and contractions ------------------------------
+
+_ACC = {"accumulation_dtype": "float32"}
+_AXES = {"AB": ["A", "B"], "BA": ["B", "A"]}  # two classes of 6 x 6 values: views swap them
+
+
+@st.composite
+def _aliasing_programs(draw):
+    """Chains over [A, B] and [B, A] values where reshapes (views), permutes (copies),
+    elementwise chains (in place where their operand dies) and contractions interleave, so
+    buffers are shared in every way the planner allows."""
+    b = ProgramBuilder()
+    pool = {"AB": [b.input("x", {"A": 6, "B": 6})], "BA": [b.input("y", {"B": 6, "A": 6})]}
+    w = b.bank("w", {"E": 6, "B": 6})
+    made = []
+    for _ in range(draw(st.integers(2, 10))):
+        cls = draw(st.sampled_from(["AB", "BA"]))
+        other = "BA" if cls == "AB" else "AB"
+        pick = lambda c: draw(st.sampled_from(pool[c]))  # noqa: E731
+        kind = draw(st.sampled_from(["view", "permute", "tanh", "add", "scale", "contract"]))
+        if kind == "view":  # the same memory under the other class's names
+            slot, out = b.op("reshape", [pick(cls)], {"output_axes": _AXES[other], "output_sizes": [6, 6]}), other
+        elif kind == "permute":
+            slot, out = b.op("permute", [pick(cls)], {"output_axes": _AXES[other]}), other
+        elif kind == "tanh":
+            slot, out = b.op("scalar-map", [pick(cls)], {"mode": "tanh"}), cls
+        elif kind == "add":
+            slot, out = b.op("add", [pick(cls), pick(cls)], _ACC), cls
+        elif kind == "scale":  # a factor in the other axis order: read transposed
+            slot, out = b.op("scale", [pick(cls), pick(other)], {"factor_axes": _AXES[other], **_ACC}), cls
+        else:  # [.., B] x [E, B] -> [A, E], viewed back as [A, B]
+            src = pick("AB")
+            c = b.op("contract", [src, w], {"reduce_axes": [["B", "B"]], "output_axes": ["A", "E"], **_ACC})
+            slot, out = b.op("reshape", [c], {"output_axes": ["A", "B"], "output_sizes": [6, 6]}), "AB"
+        pool[out].append(slot)
+        made.append(slot)
+    outputs = list(dict.fromkeys([made[-1], *draw(st.lists(st.sampled_from(made), max_size=2))]))
+    return b.build(outputs=outputs)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_aliasing_programs(), st.integers(0, 2 ** 16))
+def test_random_programs_sharing_buffers_agree_with_the_reference(program, seed):
+    rng = np.random.default_rng(seed)
+    inputs = {"x": rng.standard_normal((6, 6), dtype=np.float32), "y": rng.standard_normal((6, 6), dtype=np.float32)}
+    assert_backends_agree(program, inputs, {"w": rng.standard_normal((6, 6), dtype=np.float32) / 3})
