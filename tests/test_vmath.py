@@ -8,10 +8,17 @@ from runtime.kernels import vmath
 from runtime.kernels.vmath import verf, vexp, vtanh
 
 
-@njit
-def _exp_all(x, out):
-    for i in range(x.size):
-        out[i] = vexp(x[i])
+def _over_all(fn):
+    """A compiled loop ``out[i] = fn(x[i])``, with the generated kernels' error model (a
+    division that may raise would keep the loop scalar)."""
+    @njit(error_model="numpy")
+    def run(x, out):
+        for i in range(x.size):
+            out[i] = fn(x[i])
+    return run
+
+
+_exp_all = _over_all(vexp)
 
 
 def _vexp(x):
@@ -81,16 +88,10 @@ def test_vexp_is_math_exp_in_plain_python():
 
 # --- erf and tanh over the whole float32 / float64 range -------------------------------------
 
-@njit
-def _erf_all(x, out):
-    for i in range(x.size):
-        out[i] = verf(x[i])
+_erf_all = _over_all(verf)
 
 
-@njit
-def _tanh_all(x, out):
-    for i in range(x.size):
-        out[i] = vtanh(x[i])
+_tanh_all = _over_all(vtanh)
 
 
 def _apply(kernel, x):
@@ -206,10 +207,7 @@ def test_cpu_code_inlines_erf_and_tanh_only_up_to_max_inlined_calls_per_module()
 
 # --- the float32 gelu ------------------------------------------------------------------------
 
-@njit
-def _gelu_all(x, out):
-    for i in range(x.size):
-        out[i] = vmath.vgelu(x[i])
+_gelu_all = _over_all(vmath.vgelu)
 
 
 def _gelu_exact(x: np.ndarray) -> np.ndarray:
@@ -272,29 +270,26 @@ def test_cpu_code_evaluates_the_gelu_expression_by_vgelu():
     assert "_vgelu" not in "\n".join(vmath.cpu_code(many))  # over the inlining budget: libm's erf
 
 
+def _float32_loop(kernel, x: np.ndarray) -> tuple[int, list[str]]:
+    """(vector operations on floats, functions called) in ``kernel``'s float32 compilation."""
+    import re
+
+    _apply(kernel, x)
+    ir = kernel.inspect_llvm(next(sig for sig in kernel.signatures if str(sig[0].dtype) == "float32"))
+    return len(re.findall(r"<\d+ x float>", ir)), re.findall(r"call [^@\n]*@([\w.$\"]+)\(", ir)
+
+
 def test_vgelu_float32_loop_vectorises():
     import re
 
-    x = np.linspace(-3, 3, 64, dtype=np.float32)
-    _apply(_gelu_all, x)
-    ir = _gelu_all.inspect_llvm(next(sig for sig in _gelu_all.signatures if str(sig[0].dtype) == "float32"))
-    assert len(re.findall(r"<\d+ x float>", ir)) > 50
-    called = re.findall(r"call [^@\n]*@([\w.$\"]+)\(", ir)
+    vectors, called = _float32_loop(_gelu_all, np.linspace(-3, 3, 64, dtype=np.float32))
+    assert vectors > 50
     assert not [name for name in called if re.search("gelu32|vgelu|exp32|erf", name)]  # inlined whole
 
 
 # --- log and log1p ---------------------------------------------------------------------------
 
-@njit(error_model="numpy")  # as every generated kernel: a division raising would keep loops scalar
-def _log_all(x, out):
-    for i in range(x.size):
-        out[i] = vmath.vlog(x[i])
-
-
-@njit(error_model="numpy")
-def _log1p_all(x, out):
-    for i in range(x.size):
-        out[i] = vmath.vlog1p(x[i])
+_log_all, _log1p_all = _over_all(vmath.vlog), _over_all(vmath.vlog1p)
 
 
 LOG_ULP32, LOG1P_ULP32, LOG_ULP64 = 1.0, 1.5, 2.0  # the stated bounds (module docstring); float64 against libm
@@ -335,13 +330,8 @@ def test_vlog_and_vlog1p_special_values_are_numpys():
 
 
 def test_vlog1p_loops_vectorise_in_float32():
-    import re
-
-    x = np.linspace(-0.5, 30, 64, dtype=np.float32)
-    _apply(_log1p_all, x)
-    ir = _log1p_all.inspect_llvm(next(sig for sig in _log1p_all.signatures if str(sig[0].dtype) == "float32"))
-    assert len(re.findall(r"<\d+ x float>", ir)) > 30
-    called = re.findall(r"call [^@\n]*@([\w.$\"]+)\(", ir)
+    vectors, called = _float32_loop(_log1p_all, np.linspace(-0.5, 30, 64, dtype=np.float32))
+    assert vectors > 30
     assert not [name for name in called if "log" in name and "_all" not in name]  # inlined whole
 
 

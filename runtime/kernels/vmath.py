@@ -93,13 +93,18 @@ def vexp(x):
     return math.exp(x)
 
 
-@overload(vexp, jit_options={"error_model": "numpy"})
-def _vexp_typed(x):
-    if x == types.float32:
-        return lambda x: _exp32(x)
-    if isinstance(x, (types.Float, types.Integer, types.Boolean)):
-        return lambda x: _exp64(x)
-    return None
+def _by_precision(fn, f32, f64, inline: str = "always") -> None:
+    """Compile ``fn`` in kernels as ``f32`` for a float32 argument and as ``f64`` for any
+    other number, inlined into the caller's Numba IR (``inline``: erf, tanh, gelu and log are
+    too long for LLVM to inline on its own, and a call per element would keep the loop scalar;
+    exp is left to LLVM, which inlines it: no extra compile time for the many exps of a chain)."""
+    @overload(fn, inline=inline, jit_options={"error_model": "numpy"})
+    def typed(x):
+        if x == types.float32:
+            return lambda x: f32(x)
+        if isinstance(x, (types.Float, types.Integer, types.Boolean)):
+            return lambda x: f64(x)
+        return None
 
 
 @njit(inline="always", error_model="numpy")
@@ -302,22 +307,8 @@ def vtanh(x):
     return math.tanh(x)
 
 
-@overload(verf, inline="always", jit_options={"error_model": "numpy"})
-def _verf_typed(x):
-    if x == types.float32:
-        return lambda x: np.float32(_erf64(np.float64(x)))
-    if isinstance(x, (types.Float, types.Integer, types.Boolean)):
-        return lambda x: _erf64(x)
-    return None
 
 
-@overload(vtanh, inline="always", jit_options={"error_model": "numpy"})
-def _vtanh_typed(x):
-    if x == types.float32:
-        return lambda x: np.float32(_tanh64(np.float64(x)))
-    if isinstance(x, (types.Float, types.Integer, types.Boolean)):
-        return lambda x: _tanh64(x)
-    return None
 
 
 @njit(inline="always", error_model="numpy")
@@ -433,13 +424,6 @@ def vgelu(x):
     return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
 
 
-@overload(vgelu, inline="always", jit_options={"error_model": "numpy"})
-def _vgelu_typed(x):
-    if x == types.float32:
-        return lambda x: _gelu32(x)
-    if isinstance(x, (types.Float, types.Integer, types.Boolean)):
-        return lambda x: 0.5 * x * (1.0 + _erf64(x * 0.7071067811865476))
-    return None
 
 
 @njit(inline="always", error_model="numpy")
@@ -605,22 +589,31 @@ def vlog1p(x):
     return math.log1p(x)
 
 
-@overload(vlog, inline="always", jit_options={"error_model": "numpy"})
-def _vlog_typed(x):
-    if x == types.float32:
-        return lambda x: _log32(x)
-    if isinstance(x, (types.Float, types.Integer, types.Boolean)):
-        return lambda x: _log64(x)
-    return None
 
 
-@overload(vlog1p, inline="always", jit_options={"error_model": "numpy"})
-def _vlog1p_typed(x):
-    if x == types.float32:
-        return lambda x: _log1p32(x)
-    if isinstance(x, (types.Float, types.Integer, types.Boolean)):
-        return lambda x: _log1p64(x)
-    return None
+
+
+@njit(inline="always", error_model="numpy")
+def _erf32(x):
+    return np.float32(_erf64(np.float64(x)))
+
+
+@njit(inline="always", error_model="numpy")
+def _tanh32(x):
+    return np.float32(_tanh64(np.float64(x)))
+
+
+@njit(inline="always", error_model="numpy")
+def _gelu64(x):
+    return 0.5 * x * (1.0 + _erf64(x * 0.7071067811865476))
+
+
+_by_precision(vexp, _exp32, _exp64, inline="never")
+_by_precision(verf, _erf32, _erf64)
+_by_precision(vtanh, _tanh32, _tanh64)
+_by_precision(vgelu, _gelu32, _gelu64)
+_by_precision(vlog, _log32, _log64)
+_by_precision(vlog1p, _log1p32, _log1p64)
 
 
 def cpu_code(lines: Iterable[str]) -> list[str]:
