@@ -394,14 +394,22 @@ def _onnx_gated(z, v: Values, node, init, rms):
     return inputs, node("Add", [x2, down], "out")
 
 
-def onnxruntime_fn(case: BlockCase, v: Values) -> Fn:
-    """ONNX Runtime CPU with every graph optimisation (ORT_ENABLE_ALL), inputs bound once."""
+def onnxruntime_session(case: BlockCase, v: Values, profile_prefix: str | None = None):
+    """The case's ONNX Runtime CPU session, every graph optimisation on (ORT_ENABLE_ALL);
+    ``profile_prefix``: with ORT's own per-node profiling, written there."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(onnx_model(case, v).SerializeToString(), opts,
-                                   providers=["CPUExecutionProvider"])
+    if profile_prefix is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile_prefix
+    return ort.InferenceSession(onnx_model(case, v).SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def onnxruntime_fn(case: BlockCase, v: Values) -> Fn:
+    """ONNX Runtime CPU (``onnxruntime_session``), inputs bound once."""
+    session = onnxruntime_session(case, v)
     keep = {n: np.ascontiguousarray(a) for n, a in v["inputs"].items()}
     binding = session.io_binding()
     for name, value in keep.items():

@@ -403,8 +403,8 @@ def test_a_fused_group_in_place_of_an_epilogue_operand_reads_it_through_its_outp
     m = b.op("scale", [gate, up], {"factor_axes": ["T", "F"], **acc})
     program = b.build(outputs=[b.op("reduce", [m], {"axis": "F", "mode": "sum", **acc})])
     plan = runtime.compile(program, "cpu").plan({"T": 40})
-    (gi,) = [i for i, g in enumerate(plan.groups) if g.output_slot == m]
-    assert plan.buffers[m].alias_of == up and output_extras(plan, gi) == (0,)
+    (group,) = [g for g in plan.groups if g.output_slot == m]
+    assert plan.buffers[m].alias_of == up and output_extras(plan, group) == (0,)
     rng = np.random.default_rng(4)
     assert_backends_agree(program, {"x": rng.standard_normal((40, 64), dtype=np.float32)},
                           {"w1": rng.standard_normal((96, 64), dtype=np.float32) / 8,

@@ -20,20 +20,13 @@ from bench import blocks  # noqa: E402
 
 
 def main() -> None:
-    import onnxruntime as ort
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("case", help=f"of: {', '.join(c.name for c in blocks.cases())}")
     p.add_argument("--calls", type=int, default=220)
     args = p.parse_args()
     case = next(c for c in blocks.cases() if c.name == args.case)
     values = blocks.data(case)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.enable_profiling = True
-    opts.profile_file_prefix = str(Path(tempfile.mkdtemp(prefix="ort-profile-")) / "ort")
-    session = ort.InferenceSession(blocks.onnx_model(case, values).SerializeToString(), opts,
-                                   providers=["CPUExecutionProvider"])
+    session = blocks.onnxruntime_session(case, values, str(Path(tempfile.mkdtemp(prefix="ort-profile-")) / "ort"))
     feeds = {n: np.ascontiguousarray(a) for n, a in values["inputs"].items()}
     for _ in range(args.calls):
         session.run(None, feeds)

@@ -313,9 +313,7 @@ class Executable:
         binding_slots = set(binding_types)
         unclaimed = {n for n, t in binding_types.items() if t.dtype in FLOAT_DTYPES} - resident
         launches, upfront = [], []
-        for gi, group in enumerate(plan.groups):
-            if gi in plan.views:  # its output is its operand's buffer: nothing to run
-                continue
+        for group in plan.kernel_groups:  # (a view's output is its operand's buffer: nothing to run)
             checks = []
             for node in group.nodes:
                 if node.atom.check_values is not None:
@@ -325,12 +323,12 @@ class Executable:
                     else:
                         checks.append(entry)
             launches.append(self._launch(group, tuple(checks), unclaimed, resident, check_outputs,
-                                         output_extras(plan, gi)))
+                                         output_extras(plan, group)))
             unclaimed.difference_update(launches[-1].counts_nonfinite)
         return CompiledPlan(plan, types, launches, tuple(upfront), self.backend, resident, check_outputs)
 
     def _launch(self, group, checks, unclaimed: set[str], resident: frozenset[str],
-                check_outputs: bool = False, shared: tuple[int, ...] = ()) -> _Launch:
+                check_outputs: bool = False, in_output: tuple[int, ...] = ()) -> _Launch:
         """The group's kernel, asked (``KernelRequest``) to count the non-finite values of the
         float bindings in ``unclaimed`` that it reads (and, with ``check_outputs``, of the
         values it makes); it answers with what it counts."""
@@ -344,7 +342,7 @@ class Executable:
         if group.anchor is None:
             inputs: tuple[str, ...] = ()
             request = KernelRequest(None, epilogue, count_extras=count_extras, check_outputs=check_outputs,
-                                    output_extras=shared)
+                                    output_extras=in_output)
             kernel = self.backend.elementwise_kernel(request)
         else:
             anchor = group.anchor
@@ -357,7 +355,7 @@ class Executable:
             request = KernelRequest(
                 anchor, epilogue, count_inputs=tuple(k for k, slot in enumerate(inputs) if slot in unclaimed),
                 count_extras=count_extras, resident=tuple(k for k, slot in enumerate(inputs) if slot in resident),
-                check_outputs=check_outputs, output_extras=shared)
+                check_outputs=check_outputs, output_extras=in_output)
             kernel = factory(request)
             if not isinstance(kernel, Kernel):
                 fail("plugin_error", anchor.path,

@@ -95,9 +95,9 @@ def vexp(x):
 
 def _by_precision(fn, f32, f64, inline: str = "always") -> None:
     """Compile ``fn`` in kernels as ``f32`` for a float32 argument and as ``f64`` for any
-    other number, inlined into the caller's Numba IR (``inline``: erf, tanh, gelu and log are
-    too long for LLVM to inline on its own, and a call per element would keep the loop scalar;
-    exp is left to LLVM, which inlines it: no extra compile time for the many exps of a chain)."""
+    other number; ``inline``: into the caller's Numba IR (erf, tanh, gelu, log and log1p: a
+    call per element would keep the loop scalar), or "never" for exp, which kept Numba's
+    default and vectorises so (tests/test_vmath.py)."""
     @overload(fn, inline=inline, jit_options={"error_model": "numpy"})
     def typed(x):
         if x == types.float32:

@@ -270,12 +270,12 @@ def _inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read)
     return None
 
 
-def output_extras(plan: "Plan", gi: int) -> tuple[int, ...]:
-    """The epilogue operands of group ``gi`` whose memory is its output's (in-place reuse), of
+def output_extras(plan: "Plan", g: Group) -> tuple[int, ...]:
+    """The epilogue operands of the plan's group ``g`` whose memory is its output's (in-place reuse), of
     the output's very axes, extents and dtype: element for element the same addresses and
     values. A kernel reads them through its output array: read as a second array, the loop's
     vector path fails LLVM's overlap check and it runs scalar (``KernelRequest.output_extras``)."""
-    g, buffers = plan.groups[gi], plan.buffers
+    buffers = plan.buffers
     root = buffers[g.output_slot].alias_of
     if root is None:
         return ()
