@@ -71,7 +71,8 @@ class ProgramBuilder:
         from runtime.plugins.registry import default_registry
 
         registry = self.registry or default_registry()
-        ref = ref or (atom if "@" in atom else f"arti/formula-atom-{atom}@1")
+        # "scale", "reduce@2", or a whole reference ("arti/formula-atom-scale@1")
+        ref = ref or (atom if "/" in atom else f"arti/formula-atom-{atom}" + ("" if "@" in atom else "@1"))
         spec = registry.atom(ref, "$")
         iid = f"i{len(self.instructions)}"
         slot = slot or f"%{len(self.instructions)}"
