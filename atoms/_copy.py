@@ -209,6 +209,7 @@ def kernel(kind: str, itemsize: int, parallel: bool) -> Callable:
     found = _KERNELS.get(key)
     if found is None:
         found = _KERNELS[key] = _compile(kind, itemsize, parallel)
+        globals()[f"_{kind}_{_BITS[itemsize]}_{'parallel' if parallel else 'serial'}"] = found  # (compiled code imports it)
     return found
 
 

@@ -22,11 +22,11 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from runtime.execution import driver
 from runtime.kernels import simd
 from runtime.kernels import vmath
 from runtime.execution.bindings import value_is_finite
-from runtime.execution.driver import CompiledCall
+from runtime.plugins import kernel as calls
+from runtime.plugins.kernel import CompiledCall
 from runtime.kernels.codegen import configure_numba_cache, load_generated
 from runtime.core.errors import FormulaError
 from runtime.plan.fusion import EMPTY_EPILOGUE, Epilogue
@@ -665,12 +665,12 @@ def _compiled_call(kernel, guard, micro_guard, form, types, orders, shapes, dt, 
         if order != tuple(sorted(order)):
             return None
     use_micro = int(form is not None and micro.usable(form, la[0], lb[0]) and a_whole and b_whole)
-    c = driver.const_int
-    bpk = driver.const_array(no_pack)
+    c = calls.const_int
+    bpk = calls.const_array(no_pack)
     if use_micro and packs is not None:
-        use_micro, bpk = 2, driver.derived_input(1, packs)
-    params = (driver.const_array(ints), *map(c, la), *map(c, lb), driver.flat_input(0), c(scan_left),
-              driver.flat_input(1), c(scan_right), driver.FLAT_OUTPUT, c(use_micro), bpk,
-              *(driver.flat_extra(j) for j in range(len(epilogue.extra_types))),
-              *map(driver.const_array, tables), c(nwork))
+        use_micro, bpk = 2, calls.derived_input(1, packs)
+    params = (calls.const_array(ints), *map(c, la), *map(c, lb), calls.flat_input(0), c(scan_left),
+              calls.flat_input(1), c(scan_right), calls.FLAT_OUTPUT, c(use_micro), bpk,
+              *(calls.flat_extra(j) for j in range(len(epilogue.extra_types))),
+              *map(calls.const_array, tables), c(nwork))
     return CompiledCall(kernel, params, micro_guard if use_micro else guard)

@@ -29,14 +29,14 @@ from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, every_axis
 from runtime.kernels.codegen import warm_twins
-from runtime.plugins.kernel import node_kernel
+from runtime.plugins.kernel import CompiledCall, const_array, const_int, flat_input, flat_output, node_kernel
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to, c_strides as true_strides  # (every axis, extent 1 too)
-from runtime.core.types import TensorType, is_float
+from runtime.core.types import HALF_DTYPES, TensorType, is_float
 
 from ._refs import refs_for
 from . import _copy, _rows
-from .layout import _i64, _itemsize, c_strides, coalesce, device_bits, flat_view, out_bits
+from .layout import BITS, _i64, _itemsize, c_strides, coalesce, device_bits, flat_view, out_bits
 
 
 # --- infer -----------------------------------------------------------------------------------
@@ -313,7 +313,27 @@ def _cpu(node: Node):
         if base_k is not None:
             _copy.warm("strided", item)
     run.warm = warm
+    run.compiled = _compiled_indexed(node, item, parallel, ntask) if base_k is None else None
     return run
+
+
+def _compiled_indexed(node: Node, item: int, parallel: bool, ntask: int) -> CompiledCall | None:
+    """How compiled code runs the copy for C-contiguous operands (``flat_view``'s strides:
+    0 on axes of extent 1). Its count of indices out of range is not needed there: the
+    executor checks every index before the kernel reads it (``check_values``)."""
+    name = node.atom.name
+    src_k, idx_k, _ = OPERANDS[name]
+    if not all(t.is_static and t.elements and t.dtype not in HALF_DTYPES for t in (*node.input_types, node.output_type)):
+        return None
+    m = MOVES[name](node, c_strides(node.input_types[src_k].shape), c_strides(node.input_types[idx_k].shape))
+    shape, sstr, istr, dstr = _prepare(m)
+    bits = BITS[item].__name__
+    return CompiledCall((lambda: _copy.kernel("indexed", item, False), lambda: _copy.kernel("indexed", item, True)),
+                        (flat_input(src_k, view=bits, unaligned=True), const_int(0), const_array(_i64(sstr)),
+                         const_int(m.sax), flat_input(idx_k, view="int64", unaligned=True), const_int(0),
+                         const_array(_i64(istr)), const_int(m.bound), flat_output(view=bits, unaligned=True),
+                         const_int(0), const_array(_i64(dstr)), const_int(m.dax), const_array(_i64(shape)),
+                         const_int(ntask)), variant=int(parallel))
 
 
 # --- cuda ------------------------------------------------------------------------------------------

@@ -18,10 +18,11 @@ import attrs
 import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, every_axis
-from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel, plain_kernel
+from runtime.plugins.kernel import (CompiledCall, Counts, Kernel, KernelRequest, const_array, const_int,
+                                    const_scalar, flat_input, flat_output, node_kernel, plain_kernel)
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to, span_view
-from runtime.core.types import NAME_RE, Size, TensorType
+from runtime.core.types import HALF_DTYPES, NAME_RE, Size, TensorType
 
 from . import _copy
 from ._refs import refs_for
@@ -300,8 +301,27 @@ def mover_cpu(make_moves: Callable[[Node, Sequence[tuple[int, ...]]], list[Move]
                 flat, origin, _ = views[src]
                 found += kernel(flat, origin + soff, sstr, dst, doff, dstr, shape, mask, ntask)
             return found
-        return plain_kernel(run, Counts(inputs=tuple(checked)), warm=lambda: _copy.warm("strided", item))
+        return plain_kernel(run, Counts(inputs=tuple(checked)), warm=lambda: _copy.warm("strided", item),
+                            compiled=_compiled_move(make_moves, node, masks, item))
     return factory
+
+
+def _compiled_move(make_moves, node: Node, masks, item: int) -> CompiledCall | None:
+    """How compiled code runs the copy for C-contiguous operands (as ``flat_view`` sees them:
+    stride 0 on axes of extent 1), when it is one move over non-empty operands."""
+    if not all(t.is_static and t.elements and t.dtype not in HALF_DTYPES for t in (*node.input_types, node.output_type)):
+        return None
+    moves = make_moves(node, [c_strides(t.shape) for t in node.input_types])
+    if len(moves) != 1:
+        return None
+    m = moves[0]
+    shape, (sstr, dstr) = coalesce(m.shape, m.sstr, m.dstr)
+    parallel, ntask = _copy.tasks(shape, math.prod(shape))
+    bits = BITS[item].__name__
+    return CompiledCall((lambda: _copy.kernel("strided", item, False), lambda: _copy.kernel("strided", item, True)),
+                        (flat_input(m.src, view=bits, unaligned=True), const_int(m.soff), const_array(_i64(sstr)),
+                         flat_output(view=bits, unaligned=True), const_int(m.doff), const_array(_i64(dstr)),
+                         const_array(_i64(shape)), const_scalar(masks[m.src]), const_int(ntask)), variant=int(parallel))
 
 
 def _itemsize(t: TensorType) -> int:

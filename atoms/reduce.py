@@ -15,7 +15,8 @@ import numpy as np
 from numba import prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, every_axis
-from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel, plain_kernel
+from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, Counts, Kernel, KernelRequest, const_array, const_int,
+                                    flat_input, node_kernel, plain_kernel)
 from runtime.core.errors import fail
 from runtime.kernels.codegen import warm_twins
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
@@ -183,6 +184,8 @@ def _compile_variants(cache: dict[str, object], task, serial, parallel, task_glo
         globals()[task_global] = njit(fastmath=fastmath, **options)(task)
         cache["serial"] = njit(**options)(serial)
         cache["parallel"] = njit(parallel=True, **options)(parallel)
+        for variant, fn in (("serial", serial), ("parallel", parallel)):  # (compiled code imports them)
+            globals()[f"{fn.__name__}_jit"] = cache[variant]
     return cache
 
 
@@ -239,7 +242,9 @@ def _cpu(request: KernelRequest) -> Kernel:
         flat = out.reshape(-1)
         kernel(x.reshape(-1), flat, outer, k, inner, block, ntask)
         return scan(flat, 0, size) if scan is not None else 0
-    return plain_kernel(run, counts, warm=lambda: warm_twins(*_cpu_kernels()))
+    compiled = None if counts.any else CompiledCall(
+        _cpu_kernels(), (flat_input(0), FLAT_OUTPUT, *map(const_int, (outer, k, inner, block, ntask))), variant=int(parallel))
+    return plain_kernel(run, counts, warm=lambda: warm_twins(*_cpu_kernels()), compiled=compiled)
 
 
 def _cuda(node: Node):
@@ -371,11 +376,40 @@ def _extreme_kernel(parallel: bool):
     return variants["parallel" if parallel else "serial"]
 
 
-def _cpu2(node: Node):
+def _mean_serial(x, out, outer, k, inner, block, ntask, divisor):
+    _sum_serial_jit(x, out, outer, k, inner, block, ntask)
+    for i in range(out.size):
+        out[i] = out[i] / divisor[0]  # (in out's dtype, as NumPy divides)
+
+
+def _mean_parallel(x, out, outer, k, inner, block, ntask, divisor):
+    _sum_parallel_jit(x, out, outer, k, inner, block, ntask)
+    for i in range(out.size):
+        out[i] = out[i] / divisor[0]
+
+
+_sum_serial_jit = _sum_parallel_jit = None  # set by _compile_variants
+_jitted_mean: dict[str, object] = {}
+
+
+def _mean_kernel(parallel: bool):
+    """reduce@1's sum kernel, then each sum divided by the count."""
+    if not _jitted_mean:
+        from numba import njit
+
+        _cpu_kernels()  # (the sum kernels the mean calls)
+        options = dict(cache=True, nogil=True, error_model="numpy")
+        globals()["_mean_serial_jit"] = _jitted_mean["serial"] = njit(**options)(_mean_serial)
+        globals()["_mean_parallel_jit"] = _jitted_mean["parallel"] = njit(**options)(_mean_parallel)
+    return _jitted_mean["parallel" if parallel else "serial"]
+
+
+def _cpu2(request: KernelRequest) -> Kernel:
     """sum and mean run reduce@1's parallel sum kernel (any order is allowed here, and index
     order is one), mean then divides; amax and logsumexp run a kernel of column tasks."""
     from runtime.backends import cpu_codegen as cg
 
+    node = request.node
     _check_device2(node, "cpu")
     mode = node.attributes["mode"]
     outer, k, inner = _split(node)
@@ -383,13 +417,19 @@ def _cpu2(node: Node):
         node1 = attrs.evolve(node, attributes={"axis": node.attributes["axis"], "mode": "sum",
                                                "accumulation_dtype": "activation"})
         summed = _cpu(KernelRequest(node1))
+        if mode == "sum":
+            return summed
+        # the sum kernel's own arguments, then the count in the output's dtype
+        sum_args, parallel = summed.compiled.params[2:], summed.compiled.variant
+        kernel = _mean_kernel(parallel)
+        divisor = np.array([k], compute_dtype(node.output_type.dtype))  # (half values run widened)
 
-        def run_sum(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
-            summed(inputs, (), out)
-            if mode == "mean":
-                np.divide(out, out.dtype.type(k), out=out)
-        run_sum.warm = summed.warm
-        return run_sum
+        def run_mean(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+            kernel(cg.contiguous(inputs[0]).reshape(-1), out.reshape(-1), *(p.value for p in sum_args), divisor)
+        compiled = CompiledCall((_mean_kernel(False), _mean_kernel(True)),
+                                (flat_input(0), FLAT_OUTPUT, *sum_args, const_array(divisor)), variant=parallel)
+        return plain_kernel(run_mean, compiled=compiled,
+                            warm=lambda: warm_twins(_mean_kernel(False), _mean_kernel(True)))
     parallel = outer * k * inner >= PARALLEL_MIN_WORK
     kernel = _extreme_kernel(parallel)
     ntask = 1
@@ -397,13 +437,16 @@ def _cpu2(node: Node):
         import numba
 
         ntask = max(1, min(outer * inner, numba.get_num_threads() * TASKS_PER_THREAD))
-    logsumexp = mode == "logsumexp"
+    logsumexp = int(mode == "logsumexp")
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         x = cg.contiguous(inputs[0])
         kernel(x.reshape(-1), out.reshape(-1), outer, k, inner, logsumexp, ntask)
-    run.warm = lambda: warm_twins(_extreme_kernel(False), _extreme_kernel(True))
-    return run
+    compiled = CompiledCall((_extreme_kernel(False), _extreme_kernel(True)),
+                            (flat_input(0), FLAT_OUTPUT, *map(const_int, (outer, k, inner, logsumexp, ntask))),
+                            variant=int(parallel))
+    return plain_kernel(run, compiled=compiled,
+                        warm=lambda: warm_twins(_extreme_kernel(False), _extreme_kernel(True)))
 
 
 def _body2(position: int, space_rank: int, mode: str) -> list[str]:
@@ -451,6 +494,6 @@ SPECS.append(
     AtomSpec(name="reduce@2", refs=refs_for("reduce", 2), inputs=("value",),
              dtypes={"value": "floating"},
              attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce2,
-             kernels={"reference": node_kernel(_reference2), "cpu": node_kernel(_cpu2), "cuda": node_kernel(_cuda2)},
+             kernels={"reference": node_kernel(_reference2), "cpu": _cpu2, "cuda": node_kernel(_cuda2)},
              free_axes=every_axis,
              summary="sum, mean, amax or logsumexp (stable) over one axis; the axis is removed"))

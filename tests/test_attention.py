@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import runtime
 from runtime.build import ProgramBuilder
 from runtime.kernels import attention as ak
+from runtime.execution.executor import DRIVER_AFTER_RUNS
 from runtime.kernels import compilelog
 from runtime.plan import attention
 from runtime.plan.grouping import make_groups
@@ -336,3 +337,43 @@ def test_half_programs_fuse_on_their_float32_temporaries():
     assert group.output_type.dtype == "float32" and "half-narrow" in [g.kind for g in plan.groups] + \
         [n.atom.name for g in plan.groups for n in g.nodes]
     check(prog, values(dims, "float16", mask="holes"))
+
+
+@pytest.mark.parametrize("mask_axes,chain,compiled", [("SK", (), True), ("BHSK", ("scale", "scale"), True),
+                                                      ("hSK", ("scale",), True), ("KS", (), False)])
+def test_the_driver_runs_the_fused_kernel_with_each_runs_mask(mask_axes, chain, compiled):
+    """Compiled code works out the mask's spans and the chain's scalars from each run's values,
+    as the Python launch does: a new mask or scalar changes the result, and it equals the
+    Python launch bit for bit. A mask whose rows are not its own C-order elements (here
+    transposed) keeps the Python launch."""
+    from tests.test_driver import counted_launches
+
+    dims = {"B": 2, "H": 2, "S": 7, "K": 7, "Dh": 4}
+    prog = program(dims, mask_axes=mask_axes, chain=chain, extra_reader="o")
+    exe = runtime.compile(prog, "cpu", tiered=False)
+    ref = runtime.compile(prog, "reference")
+    for seed, mask in enumerate(["causal", "holes", "random"]):
+        inputs = values(dims, mask_axes=mask_axes, mask=mask, chain=chain, seed=seed)
+        if chain:
+            inputs["c0"] = np.asarray(0.25 + seed, np.float32)
+        for _ in range(DRIVER_AFTER_RUNS if seed == 1 else 1):  # (the drivers build from run 8 on)
+            exe.run(inputs)
+        assert exe.wait_compiled()
+        result = exe.run(inputs)  # through the driver from the second mask on
+        got = {k: result[k].copy() for k in result}
+        compiled_plan = next(iter(exe._plans.values()))
+        if seed:
+            driver = compiled_plan.driver()
+            assert (compiled_plan.launches[0].kernel.compiled is not None) == compiled
+            if compiled:  # attention and silu: one segment
+                assert len(driver.parts) == 1 and not isinstance(driver.parts[0], int)
+            else:  # a lone silu is not worth a driver
+                assert driver is None
+            calls = counted_launches(compiled_plan)
+            launched = exe.run(inputs, trace=True)
+            assert len(calls) == len(compiled_plan.launches)
+            for slot in got:
+                np.testing.assert_array_equal(got[slot], launched[slot])
+        want = ref.run(inputs)
+        for slot, w in want.items():
+            np.testing.assert_allclose(got[slot], w, rtol=1e-5, atol=1e-5, err_msg=f"{mask} {slot}")

@@ -9,6 +9,7 @@ import pytest
 
 import runtime
 from runtime.execution.driver import _all_of
+from runtime.execution.executor import DRIVER_AFTER_RUNS
 from runtime.testing import ProgramBuilder, random_values
 
 SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
@@ -35,11 +36,14 @@ def counted_launches(compiled):
 def test_the_seed_runs_as_one_compiled_call_with_the_per_kernel_results(T):
     exe = runtime.compile(SEED, "cpu")
     inputs, banks = seed_values(T)
-    exe.run(inputs=inputs, banks=banks)
+    for _ in range(DRIVER_AFTER_RUNS - 1):
+        exe.run(inputs=inputs, banks=banks)
     compiled = next(iter(exe._plans.values()))
-    assert compiled._driver is None  # a plan run once is not worth compiling a driver for
+    assert compiled._driver_thread is None  # a plan run a few times is not worth compiling a driver for
+    exe.run(inputs=inputs, banks=banks)  # this run starts building it, in the background
+    assert exe.wait_compiled() and compiled.driver_error is None
     calls = counted_launches(compiled)
-    by_driver = exe.run(inputs=inputs, banks=banks)["%4"].copy()  # the second run builds it
+    by_driver = exe.run(inputs=inputs, banks=banks)["%4"].copy()
     assert calls == [] and compiled.driver() is not None
     traced = exe.run(inputs=inputs, banks=banks, trace=True)  # a trace times each kernel
     assert calls == [0, 1] and len(traced.trace) == 2
@@ -74,8 +78,9 @@ def test_a_non_finite_value_read_by_the_driver_is_named_precisely():
     exe = runtime.compile(SEED, "cpu")
     inputs, banks = seed_values(8)
     resident = exe.load_banks(banks)
-    for _ in range(3):  # arm the fast path: the kernels then check every input
+    for _ in range(DRIVER_AFTER_RUNS):  # (the fast path, where the kernels check every input, is armed by then)
         exe.run(inputs=inputs, banks=resident)
+    exe.wait_compiled()
     compiled = next(c for c in exe._plans.values() if c.deferred_finite)
     assert compiled.driver() is not None and {"x", "base", "lora.gain"} <= compiled.deferred_finite
     calls = counted_launches(compiled)
@@ -122,3 +127,132 @@ def test_guards_are_entered_in_order_and_left_in_reverse():
         with _all_of([Guard("a"), Guard("b", fail=True)]):
             log.append("body")
     assert log == ["+a", "-a"]
+
+
+# --- segments: every kernel kind that compiled code can call ---------------------------------
+
+ACC = {"accumulation_dtype": "float32"}
+
+
+def norm_program(concat: bool = False) -> dict:
+    """Looked-up rows through an RMS norm and a projection, as transformer blocks write them:
+    lookup, elementwise chains with broadcast operands, reduce@2 (mean, sum, amax,
+    logsumexp), a scalar input broadcast, a contraction, a permute and a slice; with
+    ``concat``, a concat in the middle (two copies: no compiled call)."""
+    b = ProgramBuilder()
+    ids = b.input("ids", {"B": 2, "S": "S"}, "int64")
+    eps = b.input("eps", {})
+    emb, gain = b.bank("emb", {"V": 11, "D": 16}), b.bank("gain", {"D": 16})
+    w = b.bank("w", {"E": 8, "D": 16})
+    x = b.op("lookup", [emb, ids], {"table_axis": "V", "output_axes": ["B", "S", "D"]})
+    ms = b.op("reduce@2", [b.op("scale", [x, x], {"factor_axes": ["B", "S", "D"], **ACC})],
+              {"axis": "D", "mode": "mean", **ACC})
+    be = b.op("broadcast", [eps], {"output_axes": ["B", "S"], "output_sizes": [2, "S"]})
+    inv = b.op("scalar-map@2", [b.op("add", [ms, be], ACC)], {"mode": "rsqrt", **ACC})
+    g = b.op("scale", [b.op("scale", [x, inv], {"factor_axes": ["B", "S"], **ACC}), gain],
+             {"factor_axes": ["D"], **ACC})
+    if concat:
+        g = b.op("slice", [b.op("concat", [g, g], {"axis": "D"})], {"axis": "D", "start": 8, "stop": 24, "step": 1})
+    y = b.op("contract", [g, w], {"reduce_axes": [["D", "D"]], "output_axes": ["B", "S", "E"], **ACC})
+    t = b.op("permute", [y], {"output_axes": ["E", "S", "B"]})
+    outs = [b.op("reduce@2", [t], {"axis": "S", "mode": mode, **ACC}) for mode in ("sum", "amax", "logsumexp")]
+    outs.append(b.op("slice", [t], {"axis": "E", "start": 1, "stop": 7, "step": 2}))
+    return b.build(outputs=outs)
+
+
+def norm_values(s: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    inputs = {"ids": rng.integers(0, 11, (2, s)), "eps": np.array(1e-5, np.float32)}
+    banks = {"emb": rng.standard_normal((11, 16), dtype=np.float32),
+             "gain": rng.standard_normal(16, dtype=np.float32), "w": rng.standard_normal((8, 16), dtype=np.float32)}
+    return inputs, banks
+
+
+def warmed(exe, inputs, banks):
+    """Runs until the drivers build (the kernels compile on the first), then wait for them."""
+    for _ in range(DRIVER_AFTER_RUNS):
+        exe.run(inputs=inputs, banks=banks)
+    assert exe.wait_compiled() and all(c.driver_error is None for c in exe._plans.values())
+
+
+def driven_and_launched(exe, inputs, banks):
+    """(the result through the driver, the same run launched kernel by kernel) as host copies."""
+    got = exe.run(inputs=inputs, banks=banks)
+    got = {k: got[k].copy() for k in got}
+    traced = exe.run(inputs=inputs, banks=banks, trace=True)
+    return got, {k: traced[k] for k in traced}
+
+
+def test_a_plan_of_lookup_norm_projection_and_reductions_runs_as_one_compiled_call():
+    program = norm_program()
+    exe = runtime.compile(program, "cpu", tiered=False)
+    inputs, banks = norm_values(5)
+    resident = exe.load_banks(banks)
+    warmed(exe, inputs, resident)
+    compiled = next(iter(exe._plans.values()))
+    calls = counted_launches(compiled)
+    got, launched = driven_and_launched(exe, inputs, resident)
+    driver = compiled.driver()
+    assert driver is not None and len(driver.parts) == 1 and len(calls) == len(compiled.launches)
+    assert not isinstance(driver.parts[0], int)  # every kernel inside the one segment
+    want = runtime.compile(program, "reference").run(inputs=inputs, banks=banks)
+    for slot in program["outputs"]:
+        np.testing.assert_array_equal(got[slot], launched[slot])  # the same kernels, the same bits
+        np.testing.assert_allclose(got[slot], want[slot], rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_compiled_code_cannot_call_splits_the_driver_into_segments():
+    program = norm_program(concat=True)
+    exe = runtime.compile(program, "cpu", tiered=False)
+    inputs, banks = norm_values(5, seed=1)
+    warmed(exe, inputs, banks)
+    compiled = next(iter(exe._plans.values()))
+    lone = [i for i, launch in enumerate(compiled.launches) if launch.kernel.compiled is None]
+    assert [compiled.launches[i].nodes[0].atom.name for i in lone] == ["concat"]
+    calls = counted_launches(compiled)
+    got, launched = driven_and_launched(exe, inputs, banks)
+    kinds = ["python" if isinstance(p, int) else "segment" for p in compiled.driver().parts]
+    assert kinds == ["segment", "python", "segment"] and compiled.driver().parts[1] == lone[0]
+    assert calls[:1] == lone and len(calls) == 1 + len(compiled.launches)  # then the traced run
+    want = runtime.compile(program, "reference").run(inputs=inputs, banks=banks)
+    for slot in program["outputs"]:
+        np.testing.assert_array_equal(got[slot], launched[slot])
+        np.testing.assert_allclose(got[slot], want[slot], rtol=1e-5, atol=1e-5)
+
+
+def test_read_only_bindings_run_through_the_driver():
+    exe = runtime.compile(norm_program(), "cpu", tiered=False)
+    inputs, banks = norm_values(6, seed=2)
+    want = exe.run(inputs=inputs, banks=banks)
+    want = {k: want[k].copy() for k in want}
+    frozen = {}
+    for name, v in {**inputs, **banks}.items():
+        frozen[name] = v.copy()
+        frozen[name].flags.writeable = False
+    warmed(exe, {k: frozen[k] for k in inputs}, {k: frozen[k] for k in banks})
+    compiled = next(iter(exe._plans.values()))
+    calls = counted_launches(compiled)
+    got = exe.run(inputs={k: frozen[k] for k in inputs}, banks={k: frozen[k] for k in banks})
+    assert calls == [] and compiled.driver() is not None
+    for slot in want:
+        np.testing.assert_array_equal(got[slot], want[slot])
+
+
+def test_one_driver_serves_every_extent_of_a_symbolic_axis():
+    """Extents reach the driver as constants, not in its source: a new extent compiles no
+    new driver (its kernels are the same)."""
+    exe = runtime.compile(norm_program(), "cpu", tiered=False)
+    for s in (5, 9):
+        warmed(exe, *norm_values(s, seed=s))
+    first, second = (c.driver().parts[0] for c in exe._plans.values())  # (in the order they ran)
+    assert first.call is second.call and first.constants[0].tolist() != second.constants[0].tolist()
+
+
+def test_the_driver_compiles_in_the_background_for_the_types_of_the_run_that_started_it():
+    exe = runtime.compile(norm_program(), "cpu", tiered=False)
+    inputs, banks = norm_values(4, seed=3)
+    warmed(exe, inputs, banks)
+    segment = next(iter(exe._plans.values())).driver().parts[0]
+    compiled = list(segment.call.signatures)  # (before any run called it; other tests' types too)
+    exe.run(inputs=inputs, banks=banks)
+    assert compiled and segment.call.signatures == compiled  # the run found its types ready

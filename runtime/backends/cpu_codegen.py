@@ -21,8 +21,9 @@ import numpy as np
 from runtime.kernels import vmath
 from runtime.kernels.atomic import WORKERS
 from runtime.kernels.codegen import configure_numba_cache, load_generated
+from runtime.kernels.layout import keepdims_order
 from runtime.core.errors import FormulaError
-from runtime.plugins.kernel import Counts, Kernel, KernelRequest
+from runtime.plugins.kernel import CompiledCall, Counts, Kernel, KernelRequest, Param, const_int, flat_extra, flat_output
 from runtime.core.types import TensorType
 
 # Below this many elements of work a call runs on one thread: a parallel region costs more
@@ -165,15 +166,24 @@ class NestKernel:
         """Run over the index ``space`` (the loop nest's extents); ``work``: elements read,
         when each point of the space reads more than one (a softmax row). Returns what the
         kernel returns."""
+        parallel, nblk = self.variant(space, work)
+        return (self.parallel() if parallel else self.serial)(*arrays, nblk)
+
+    def variant(self, space: Sequence[int], work: int | None = None) -> tuple[bool, int]:
+        """(whether the parallel twin runs, its ``nblk``) for this index space."""
         n = math.prod(space)
         if (n if work is None else work) < PARALLEL_MIN_ELEMENTS:
-            return self.serial(*arrays, 1)
+            return False, 1
         import numba
 
         tasks = numba.get_num_threads() * TASKS_PER_THREAD
         rows = n // space[-1]
-        nblk = 1 if rows >= tasks else max(1, min(-(-tasks // rows), space[-1] // MIN_BLOCK))
-        return self.parallel()(*arrays, nblk)
+        return True, 1 if rows >= tasks else max(1, min(-(-tasks // rows), space[-1] // MIN_BLOCK))
+
+    def compiled(self, params: Sequence[Param], space: Sequence[int], work: int | None = None) -> CompiledCall:
+        """How compiled code calls the variant this space takes: ``params`` then its ``nblk``."""
+        parallel, nblk = self.variant(space, work)
+        return CompiledCall((lambda: self.serial, self.parallel), (*params, const_int(nblk)), variant=int(parallel))
 
 
 def contiguous(x: np.ndarray, slicer: tuple | None = None, shape: tuple | None = None) -> np.ndarray:
@@ -251,4 +261,15 @@ def elementwise_kernel(request: KernelRequest) -> Kernel:
         arrays = [contiguous(x, sl, cs) for x, (sl, cs) in zip(extras, prepare)]
         arrays.append(out.reshape(out_shape))
         return kernel(arrays, out_shape)
-    return Kernel(run, Counts(extras=tuple(checked), outputs=values), warm=kernel.warm)
+    compiled = None
+    if all(_is_reshape(t, out_type) for t in epilogue.extra_types):  # flat C-order buffers: a reshape each
+        compiled = kernel.compiled([*(flat_extra(j, cs, unaligned=True) for j, (_, cs) in enumerate(prepare)), flat_output(out_shape)],
+                                   out_shape)
+    return Kernel(run, Counts(extras=tuple(checked), outputs=values), compiled, kernel.warm)
+
+
+def _is_reshape(value_type: TensorType, target: TensorType) -> bool:
+    """Whether the keepdims form of ``target`` is a reshape of a C-order ``value_type`` value
+    (its axes in target's order)."""
+    order, _ = keepdims_order(value_type, target)
+    return order == tuple(sorted(order))

@@ -11,6 +11,7 @@ NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # axes and size symbols
 BINDING_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")  # bindings and member ids
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+HALF_DTYPES = ("float16", "bfloat16")  # Numba has no type of either: kernels move their raw bits
 DTYPES = ("floating",) + FLOAT_DTYPES + ("int64", "boolean")
 
 # what an atom may declare an operand accepts (AtomSpec.dtypes; "a|b" joins two classes)

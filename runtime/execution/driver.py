@@ -1,22 +1,25 @@
-"""One compiled call per run: a generated ``@njit`` driver that calls a plan's kernels in turn.
+"""Compiled calls per run: generated ``@njit`` drivers that call a plan's kernels in turn.
 
 A run that launches its kernels from Python pays, per kernel, the dispatch of a dozen or more
 arguments and the views and layouts of its operands; at small extents (one token) that is
-most of the run. When every kernel of a plan can be called from compiled code, the executor
-generates a driver that takes the run's slot arrays once and calls them all, with every
-layout-derived argument worked out when the driver is built.
+most of the run. The executor generates a driver for each run of consecutive kernels that can
+be called from compiled code (a *segment*): it takes the run's slot arrays once and calls them
+all, with every layout-derived argument worked out when the driver is built. Kernels that
+cannot (a plugin's kernel without a :class:`CompiledCall`, a group with value checks before
+it) are launched from Python between the segments.
 
 That is only sound for arrays of a known layout, so a driver takes a run only when every
 binding is C-contiguous and aligned (:meth:`Driver.takes`; arena views and results always
 are); other runs, and traced ones, launch kernel by kernel. A kernel takes part by carrying a
 :class:`CompiledCall` as its ``Kernel.compiled`` entry: its Numba dispatcher and the meaning of
 each of its parameters under that assumption. The driver passes the very types a Python
-launch passes (flat C-contiguous arrays, int64 scalars: never literals, which Numba would
-compile a new specialisation of the kernel for), so it reuses the kernels' compiled code.
+launch passes (C-contiguous arrays, int64 scalars: never literals, which Numba would compile
+a new specialisation of the kernel for), so it reuses the kernels' compiled code.
 """
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,54 +27,7 @@ import attrs
 import numpy as np
 
 from runtime.kernels.codegen import configure_numba_cache, load_generated
-
-
-@attrs.frozen
-class Param:
-    """One kernel parameter: ``kind`` is "input" / "extra" (the flat C-order array of operand /
-    epilogue operand ``index``), "output" (the flat output), "int" (an int64 ``value``),
-    "array" (the constant array ``value``) or "derived" (the array ``value(operand)`` for
-    operand ``index`` as bound, worked out in Python before each call: e.g. a cached packed
-    form of a resident bank)."""
-
-    kind: str
-    index: int = 0
-    value: Any = None
-
-
-def flat_input(index: int) -> Param:
-    return Param("input", index)
-
-
-def derived_input(index: int, derive: Callable[[Any], np.ndarray]) -> Param:
-    return Param("derived", index, derive)
-
-
-def flat_extra(index: int) -> Param:
-    return Param("extra", index)
-
-
-FLAT_OUTPUT = Param("output")
-
-
-def const_int(value: int) -> Param:
-    return Param("int", value=int(value))
-
-
-def const_array(value: np.ndarray) -> Param:
-    return Param("array", value=value)
-
-
-@attrs.frozen(eq=False)
-class CompiledCall:
-    """How compiled code calls a kernel (``Kernel.compiled``) whose operands are C-contiguous,
-    aligned arrays of their types. ``guard``: a context manager the call must run inside
-    (entered once around the whole driver). It returns the count the ``Kernel`` returns when
-    that kernel counts anything (``Kernel.counts``)."""
-
-    kernel: Any  # a Numba dispatcher defined at module level in an importable module
-    params: tuple[Param, ...]
-    guard: Any = None
+from runtime.plugins.kernel import CompiledCall, Param
 
 
 @contextlib.contextmanager
@@ -84,9 +40,9 @@ def _all_of(guards: Sequence[Any]):
 
 
 @attrs.frozen(eq=False)
-class Driver:
-    """A plan's kernels as one compiled function, ``call(*slot arrays, *constants)``, which
-    returns the count of non-finite values its kernels read. ``slots``: the slot of each
+class Segment:
+    """Consecutive kernels of a plan as one compiled function, ``call(*slot arrays, *constants)``,
+    which returns the count of non-finite values its kernels read. ``slots``: the slot of each
     array parameter; ``bindings``: those of them the caller supplies (the only ones whose
     layout can differ from run to run: arena views and results are always C-contiguous)."""
 
@@ -97,6 +53,42 @@ class Driver:
     derived: tuple[tuple[str, Callable[[Any], Any]], ...] = ()  # (slot, derive): last arguments
     guards: tuple[Any, ...] = ()  # context managers every call runs inside
 
+    def _args(self, values: Mapping[str, Any]) -> list[Any]:
+        args = [values[slot] for slot in self.slots]
+        args += self.constants
+        for slot, derive in self.derived:
+            args.append(derive(values[slot]))
+        return args
+
+    def compile(self, values: Mapping[str, Any]) -> None:
+        """Compile (or load from the disk cache) the call for the types of these values, so
+        that a run taking the same types finds it ready."""
+        from numba import typeof
+
+        self.call.compile(tuple(typeof(arg) for arg in self._args(values)))
+
+    def run(self, values: Mapping[str, Any]) -> int:
+        args = self._args(values)
+        if not self.guards:
+            return self.call(*args)
+        with self.guards[0] if len(self.guards) == 1 else _all_of(self.guards):
+            return self.call(*args)
+
+
+@attrs.frozen(eq=False)
+class Driver:
+    """A plan's launches in order: each part a :class:`Segment`, or the position of a launch
+    the executor runs from Python."""
+
+    parts: tuple[Segment | int, ...]
+    bindings: tuple[str, ...]  # the segments' bindings
+
+    def compile(self, values: Mapping[str, Any]) -> None:
+        """Every segment compiled for the types of these values (a run's)."""
+        for part in self.parts:
+            if isinstance(part, Segment):
+                part.compile(values)
+
     def takes(self, values: Mapping[str, Any]) -> bool:
         """Whether these values have the layout the driver was built for."""
         for slot in self.bindings:
@@ -105,26 +97,54 @@ class Driver:
                 return False
         return True
 
-    def run(self, values: Mapping[str, Any]) -> int:
-        args = [values[slot] for slot in self.slots]
-        args += self.constants
-        for slot, derive in self.derived:
-            args.append(derive(values[slot]))
-        if not self.guards:
-            return self.call(*args)
-        with self.guards[0] if len(self.guards) == 1 else _all_of(self.guards):
-            return self.call(*args)
+
+MIN_SEGMENT = 2  # launches: a lone kernel is not worth a driver module of its own
 
 
 def build_driver(launches: Sequence[Any], bindings: frozenset[str]) -> Driver | None:
-    """The driver of these launches (``executor._Launch``), or None when one of them has a
-    value check to run between kernels or a kernel without a :class:`CompiledCall`."""
-    calls = []
-    for launch in launches:
-        call = launch.kernel.compiled
-        if launch.checks or not isinstance(call, CompiledCall):
-            return None
-        calls.append(call)
+    """The driver of these launches (``executor._Launch``): segments of at least
+    :data:`MIN_SEGMENT` consecutive launches whose kernel has a :class:`CompiledCall` and no
+    value check before it; None when there is no such segment."""
+    parts: list[Segment | int] = []
+    run: list[int] = []
+
+    def flush() -> None:
+        if len(run) >= MIN_SEGMENT:
+            parts.append(build_segment([launches[i] for i in run], bindings))
+        else:
+            parts.extend(run)
+        run.clear()
+
+    for i, launch in enumerate(launches):
+        if launch.checks or not isinstance(launch.kernel.compiled, CompiledCall):
+            flush()
+            parts.append(i)
+        else:
+            run.append(i)
+    flush()
+    if not any(isinstance(p, Segment) for p in parts):
+        return None
+    used = tuple(dict.fromkeys(s for p in parts if isinstance(p, Segment) for s in p.bindings))
+    return Driver(tuple(parts), used)
+
+
+def _import_name(kernel: Any) -> tuple[str, str]:
+    """(module, name) under which ``kernel`` is a module-level global: its function's own name,
+    or another (a dispatcher compiled at run time and kept beside the plain function)."""
+    module = kernel.py_func.__module__
+    name = kernel.py_func.__name__
+    space = vars(sys.modules[module])
+    if space.get(name) is not kernel:
+        name = next((n for n, v in space.items() if v is kernel), None)
+        if name is None:
+            raise ValueError(f"kernel {kernel.py_func.__qualname__} is not a global of {module}")
+    return module, name
+
+
+def build_segment(launches: Sequence[Any], bindings: frozenset[str]) -> Segment:
+    """One compiled call of these launches, each with a :class:`CompiledCall` (``bindings``:
+    the plan's slots that the caller supplies)."""
+    calls = [launch.kernel.compiled for launch in launches]
     slots: dict[str, int] = {}  # slot id -> parameter position
     ints: list[int] = []
     arrays: list[np.ndarray] = []
@@ -134,21 +154,33 @@ def build_driver(launches: Sequence[Any], bindings: frozenset[str]) -> Driver | 
     def slot_param(slot: str) -> str:
         return f"f{slots.setdefault(slot, len(slots))}"
 
+    def const(value: int) -> str:
+        ints.append(value)
+        return f"c[{len(ints) - 1}]"
+
+    def shaped(name: str, p: Param) -> str:
+        if p.view is not None:
+            name = f"{name}.view(np.{p.view})"
+        if p.shape is not None:  # (extents in c, not in the source: one driver serves every extent)
+            name = f"{name}.reshape(({''.join(f'{const(n)}, ' for n in p.shape)}))"
+        return f"_unaligned({name})" if p.unaligned else name
+
     for i, (launch, call) in enumerate(zip(launches, calls)):
-        module, name = call.kernel.py_func.__module__, call.kernel.py_func.__name__
-        imports.append(f"from {module} import {name} as k{i}")
+        variants = call.dispatchers()
+        for v, kernel in enumerate(variants):
+            module, name = _import_name(kernel)
+            imports.append(f"from {module} import {name} as k{i}_{v}")
         args = []
         for p in call.params:
             if p.kind == "input":
-                args.append(slot_param(launch.inputs[p.index]))
+                args.append(shaped(slot_param(launch.inputs[p.index]), p))
             elif p.kind == "extra":
-                args.append(slot_param(launch.extras[p.index]))
+                args.append(shaped(slot_param(launch.extras[p.index]), p))
             elif p.kind == "output":
-                args.append(slot_param(launch.output))
+                args.append(shaped(slot_param(launch.output), p))
             elif p.kind == "int":
-                args.append(f"c[{len(ints)}]")
-                ints.append(p.value)
-            elif p.kind == "array":
+                args.append(const(p.value))
+            elif p.kind in ("array", "scalar"):  # (a scalar of its own type: not through c's int64)
                 args.append(f"q{len(arrays)}")
                 arrays.append(p.value)
             elif p.kind == "derived":
@@ -156,14 +188,20 @@ def build_driver(launches: Sequence[Any], bindings: frozenset[str]) -> Driver | 
                 derived.append((launch.inputs[p.index], p.value))
             else:
                 raise ValueError(f"unknown kernel parameter kind {p.kind!r}")
-        call_line = f"k{i}({', '.join(args)})"
-        body.append(f"    n += {call_line}" if launch.kernel.counts.any else f"    {call_line}")
+        counted = "n += " if launch.kernel.counts.any else ""
+        if len(variants) == 1:
+            body.append(f"    {counted}k{i}_0({', '.join(args)})")
+        else:  # (the variant by a constant: every extent's driver has the same source)
+            which = const(call.variant)
+            for v in range(len(variants)):
+                body += [f"    {'if' if v == 0 else 'elif'} {which} == {v}:", f"        {counted}k{i}_{v}({', '.join(args)})"]
     order = sorted(slots, key=slots.get)
     params = [f"v{j}" for j in range(len(order))] + ["c"] + [f"q{j}" for j in range(len(arrays))] + \
         [f"d{j}" for j in range(len(derived))]
     source = "\n".join(
-        ['"""Generated by runtime.execution.driver: one plan\'s kernels in one compiled call."""',
-         "from numba import njit", *imports, "", "",
+        ['"""Generated by runtime.execution.driver: consecutive kernels of a plan in one compiled call."""',
+         "import numpy as np", "from numba import njit",
+         "from runtime.kernels.retype import unaligned as _unaligned", *imports, "", "",
          "@njit(cache=True, nogil=True)",
          f"def driver({', '.join(params)}):",
          *[f"    f{j} = v{j}.reshape(v{j}.size)" for j in range(len(order))],
@@ -171,5 +209,5 @@ def build_driver(launches: Sequence[Any], bindings: frozenset[str]) -> Driver | 
     configure_numba_cache()
     call = load_generated(source, "driver").driver
     guards = tuple(dict.fromkeys(c.guard for c in calls if c.guard is not None))
-    return Driver(call, tuple(order), tuple(s for s in order if s in bindings),
-                  (np.array(ints, np.int64), *arrays), tuple(derived), guards)
+    return Segment(call, tuple(order), tuple(s for s in order if s in bindings),
+                   (np.array(ints, np.int64), *arrays), tuple(derived), guards)

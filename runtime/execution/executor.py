@@ -8,6 +8,7 @@ a later run writes: they are the caller's ``out=`` arrays, or arrays of the plan
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -40,7 +41,9 @@ from runtime.plan.resolve import resolve_nodes
 from runtime.core.types import FLOAT_DTYPES, TensorType, formula_dtype, is_float, numpy_dtype
 
 MAX_CACHED_PLANS = 16
-DRIVER_AFTER_RUNS = 2  # a plan's compiled driver is built on its second run
+# a plan's compiled drivers are built (in the background) from this run of it on: a plan run a
+# few times (a one-off call, a test) is not worth their compilation
+DRIVER_AFTER_RUNS = 8
 
 
 class Result(Mapping):
@@ -109,25 +112,52 @@ class CompiledPlan:
             (slot, buf.offset if buf.offset is not None else plan.buffers[buf.alias_of].offset, types[slot])
             for slot, buf in plan.buffers.items() if buf.kind == "temporary")
         self._driver: Driver | None = None
+        self._driver_thread: threading.Thread | None = None
+        self.driver_after = DRIVER_AFTER_RUNS  # the run that starts building the drivers
+        self.driver_error: Exception | None = None
         # device plans launch kernel by kernel, and so do checked ones (to name the instruction)
         self._driver_built = backend.device_memory or check_outputs
         # waiting for the kernels, where the backend has anything to wait for
         self.synchronize = None if type(backend).synchronize is Backend.synchronize else backend.synchronize
         self._runs = 0
 
-    def driver(self) -> Driver | None:
-        """The plan's kernels as one compiled call (:mod:`runtime.execution.driver`), or None when one
-        of them cannot be called from compiled code. Built when the plan runs a second time:
-        a plan run once (a one-off call, a test) is not worth the driver's compilation."""
+    def driver(self, values: Mapping[str, Any] | None = None) -> Driver | None:
+        """The plan's kernels in compiled calls (:mod:`runtime.execution.driver`), or None: not
+        built yet, or no two consecutive kernels that compiled code can call. Built in the
+        background from the plan's :attr:`driver_after`-th run, and compiled there for the types
+        of that run's ``values``: no run waits for it, and until it is ready runs launch their
+        kernels from Python."""
         if not self._driver_built:
             with self._lock:
                 self._runs += 1
-                if not self._driver_built and self._runs >= DRIVER_AFTER_RUNS:
-                    buffers = self.plan.buffers  # (resident banks always have the driver's layout)
-                    self._driver = build_driver(self.launches, frozenset(
-                        s for s, b in buffers.items() if b.kind in ("input", "bank") and s not in self.resident))
-                    self._driver_built = True
+                if self._driver_thread is None and self._runs >= self.driver_after:
+                    self._driver_thread = threading.Thread(target=self._build_driver, name="formula-driver",
+                                                           args=(dict(values or {}),), daemon=True)
+                    self._driver_thread.start()
         return self._driver
+
+    def _build_driver(self, values: dict[str, Any]) -> None:
+        buffers = self.plan.buffers  # (resident banks always have the driver's layout)
+        try:
+            driver = build_driver(self.launches, frozenset(
+                s for s, b in buffers.items() if b.kind in ("input", "bank") and s not in self.resident))
+            if driver is not None and values and driver.takes(values):  # (only their types are read)
+                driver.compile(values)
+            self._driver = driver
+        except Exception as exc:  # (kernels launched from Python are as right: a driver is only faster)
+            self.driver_error = exc
+            logging.getLogger("runtime.compile").warning("the compiled driver of a plan failed to build; its "
+                                                         "kernels are launched from Python: %s: %s",
+                                                         type(exc).__name__, exc)
+        self._driver_built = True
+
+    def wait_driver(self, timeout: float | None = None) -> bool:
+        """Wait for the drivers building in the background; True when none is left."""
+        thread = self._driver_thread
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
 
     def warm(self) -> None:
         """Every variant of the kernels (``Kernel.warm`` where a kernel has one; see
@@ -201,10 +231,17 @@ class Executable:
             c.release_memory()
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
-        """Wait until every plan compiling in the background (tiered runs) is ready, for
-        deterministic timing; True when none is left. A failed background compilation is
-        raised here (and by the next run that needs that plan) as a FormulaError."""
-        return True if self._tiers is None else self._tiers.wait(timeout)
+        """Wait until every plan compiling in the background (tiered runs) is ready, and every
+        compiled driver building in the background, for deterministic timing; True when none
+        is left. A failed background compilation is raised here (and by the next run that
+        needs that plan) as a FormulaError."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._tiers is not None and not self._tiers.wait(timeout):
+            return False
+        with self._plans_lock:
+            compiled = list(self._plans.values())
+        return all(c.wait_driver(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                   for c in compiled)
 
     def warm(self) -> None:
         """Build every variant of the compiled plans' kernels that a later extent may take
@@ -688,12 +725,16 @@ class Executable:
             else:
                 outputs[slot] = values[slot] = compiled.results.take(slot, lambda: backend.empty(t))
         records = [] if trace else None
-        driver = None if trace else compiled.driver()
+        driver = None if trace else compiled.driver(values)
         if driver is not None and driver.takes(values):
-            if driver.run(values):  # non-finite values read
-                self._binder.check_finite(bound, compiled.deferred_finite, *raw)
+            for part in driver.parts:
+                if isinstance(part, int):
+                    self._run_launch(compiled.launches[part], values, bound, raw, None)
+                elif part.run(values):  # non-finite values read
+                    self._binder.check_finite(bound, compiled.deferred_finite, *raw)
         else:
-            self._launch_each(compiled, values, bound, raw, records)
+            for launch in compiled.launches:
+                self._run_launch(launch, values, bound, raw, records)
         if compiled.synchronize is not None:
             compiled.synchronize()
         if host_results:  # a device backend given host values: host results
@@ -705,28 +746,26 @@ class Executable:
                     outputs[slot] = backend.to_host(v)
         return Result({slot: outputs[slot] for slot in self.program.outputs}, records, plan, backend.name)
 
-    def _launch_each(self, compiled: CompiledPlan, values: dict[str, Any], bound, raw: tuple[Any, Any],
-                     records: list[dict[str, Any]] | None) -> None:
-        """The plan's kernels one by one from Python, with the value checks between them
-        (and a trace record per kernel when ``records`` is a list)."""
+    def _run_launch(self, launch: _Launch, values: dict[str, Any], bound, raw: tuple[Any, Any],
+                records: list[dict[str, Any]] | None) -> None:
+        """One kernel launched from Python, after the value checks before it (with a trace
+        record when ``records`` is a list)."""
         backend = self.backend
-        for launch in compiled.launches:
-            for node, positions in launch.checks:
-                _check(node, positions, lambda slot: backend.to_host(values[slot]))
-            out = values[launch.output]
-            started = time.perf_counter() if records is not None else 0.0
-            extras = [align(values[s]) for s, align in zip(launch.extras, launch.aligners)]
-            found = launch.kernel([values[s] for s in launch.inputs], extras, out)
-            if found and launch.counts_nonfinite:  # non-finite values read
-                self._binder.check_finite(bound, launch.counts_nonfinite, *raw)
-            if launch.check_output == "kernel" and found or launch.check_output == "scan":
-                self._check_output(launch, values)
-            if records is not None:
-                backend.synchronize()
-                records.append({**launch.label, "tier": backend.name, "output": launch.output,
-                                "ms": (time.perf_counter() - started) * 1e3,
-                                "bytes": launch.output_type.nbytes})
-
+        for node, positions in launch.checks:
+            _check(node, positions, lambda slot: backend.to_host(values[slot]))
+        out = values[launch.output]
+        started = time.perf_counter() if records is not None else 0.0
+        extras = [align(values[s]) for s, align in zip(launch.extras, launch.aligners)]
+        found = launch.kernel([values[s] for s in launch.inputs], extras, out)
+        if found and launch.counts_nonfinite:  # non-finite values read
+            self._binder.check_finite(bound, launch.counts_nonfinite, *raw)
+        if launch.check_output == "kernel" and found or launch.check_output == "scan":
+            self._check_output(launch, values)
+        if records is not None:
+            backend.synchronize()
+            records.append({**launch.label, "tier": backend.name, "output": launch.output,
+                            "ms": (time.perf_counter() - started) * 1e3,
+                            "bytes": launch.output_type.nbytes})
 
     def _check_output(self, launch: _Launch, values: Mapping[str, Any]) -> None:
         """Raise ``nonfinite`` at the first instruction of ``launch``'s group whose output holds
@@ -889,13 +928,15 @@ class _Tiers:
         exe = self._exe
         try:
             compiled = exe._build(dims, dtypes, resident)
+            compiled.driver_after = 2  # (its drivers then build here, on the second run)
             copy = attrs.evolve(bound, values=values, structure=None)
-            for _ in range(DRIVER_AFTER_RUNS):  # the kernels compile on their first call
+            for _ in range(compiled.driver_after):  # the kernels compile on their first call
                 arena = compiled.acquire_arena()
                 try:
                     exe._execute(compiled, copy, arena, False, {}, (values, None))
                 finally:
                     compiled.release_arena(arena)
+            compiled.wait_driver()
             compiled.warm()
             mark_ready(exe._ready_key(dtypes, resident))
         except FormulaError as exc:

@@ -291,9 +291,24 @@ def _pv_tile(nv: int) -> list[str]:
     return lines
 
 
-def _source(dt: str, chain: Sequence[str], parallel: bool) -> str:
+# How compiled code calls the kernel (runtime.execution.driver): the mask's spans and the
+# chain's scalars worked out from the run's values, as the Python launch does before it.
+_CALL = '''
+
+@njit(cache=True, nogil=True)
+def call(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, nkm, out, ob, oq, oe, ec, nq, nk, nd,
+         ne, bq, count_q, count_k, count_vSCALARS):
+    slo, shi, sdense = _spans(mk.reshape((mk.size // nkm, nkm)))
+    cs = np.zeros(NCS, DT)
+FILLS    return kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo, shi, sdense, cs, out,
+                  ob, oq, oe, ec, nq, nk, nd, ne, bq, count_q != 0, count_k != 0, count_v != 0)
+'''
+
+
+def _source(dt: str, chain: Sequence[str], parallel: bool, scalars: int = 0) -> str:
     """Module source of the kernel for ``dt`` with the score ``chain`` (lines turning ``x`` into
-    ``x``, with the chain's scalars ``cs[k]`` in scope)."""
+    ``x``, with the chain's ``scalars`` scalars ``cs[k]`` in scope), and of ``call``, its entry
+    for compiled callers (the scalars as one-element arrays, last)."""
     suffix = "f32x8" if dt == "float32" else "f64x4"
     data = f"_t.Array(_t.{dt}, 1, 'C', readonly=True, aligned=False)"
     table = "_t.Array(_t.int64, 1, 'C', readonly=True)"
@@ -319,36 +334,46 @@ def _source(dt: str, chain: Sequence[str], parallel: bool) -> str:
             "import math", "import numpy as np", "from numba import njit, prange, uint64 as _u, types as _t",
             "from runtime.kernels.atomic import left as _left, take as _take",
             simd.ops_import(dt), simd.scan_import(dt), vmath.IMPORT,
-            f"from runtime.kernels.attention import vmax_{suffix} as vmax, hmax_{suffix} as hmax", "",
+            f"from runtime.kernels.attention import vmax_{suffix} as vmax, hmax_{suffix} as hmax, spans as _spans", "",
             f"DT = np.{dt}", f"L = {simd.lanes(dt)}", f"WK = {QK_VECTORS * simd.lanes(dt)}",
             f"WE = {PV_VECTORS * simd.lanes(dt)}", "",
             f"@njit(_t.int64({sig}), cache=True, parallel={parallel}, error_model='numpy', nogil=True)"]
-    return "\n".join(vmath.with_imports(head + vmath.cpu_code(body.strip("\n").split("\n")))) + "\n"
+    call = (_CALL.replace("SCALARS", "".join(f", e{k}" for k in range(scalars)))
+            .replace("NCS", str(max(1, scalars))).replace("FILLS", "".join(f"    cs[{k}] = e{k}[0]\n" for k in range(scalars))))
+    return "\n".join(vmath.with_imports(head + vmath.cpu_code(body.strip("\n").split("\n")))) + call
 
 
 class AttentionKernel:
-    """The compiled kernel for one dtype and chain: a serial entry and a parallel twin."""
+    """The compiled kernel for one dtype and chain (of ``scalars`` scalars): a serial entry and
+    a parallel twin, each with its ``call`` for compiled callers."""
 
-    def __init__(self, dt: str, chain: Sequence[str] = ()):
-        self._dt, self._chain = dt, tuple(chain)
+    def __init__(self, dt: str, chain: Sequence[str] = (), scalars: int = 0):
+        self._dt, self._chain, self._scalars = dt, tuple(chain), scalars
         configure_numba_cache()
-        self.serial = load_generated(_source(dt, self._chain, False), "attention").kernel
+        self.serial_module = load_generated(_source(dt, self._chain, False, scalars), "attention")
+        self.serial = self.serial_module.kernel
         self._parallel = None
 
-    def parallel(self):
+    def parallel_module(self):
         if self._parallel is None:
-            self._parallel = load_generated(_source(self._dt, self._chain, True), "attention_par").kernel
+            self._parallel = load_generated(_source(self._dt, self._chain, True, self._scalars), "attention_par")
         return self._parallel
+
+    def parallel(self):
+        return self.parallel_module().kernel
 
     def warm(self) -> None:
         self.parallel()
 
+    @staticmethod
+    def is_parallel(work: int, tasks: int) -> bool:
+        return work >= PARALLEL_MIN_MACS and tasks >= 2
+
     def __call__(self, args: Sequence, work: int, tasks: int) -> int:
         """Run; returns how many batches or row blocks met a NaN or ±inf in the operands it
         was asked to count (``count_q``, ``count_k``, ``count_v``, the last arguments)."""
-        if work < PARALLEL_MIN_MACS or tasks < 2:
-            return self.serial(*args)
-        return self.parallel()(*args)
+        return (self.parallel() if self.is_parallel(work, tasks) else self.serial)(*args)
+
 
 
 def flat(x: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:

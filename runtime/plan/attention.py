@@ -28,11 +28,12 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from runtime.core.types import TensorType, accumulation_dtype
+from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 from runtime.kernels.layout import c_strides, keepdims_order
 from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
 from runtime.plugins.atomspec import AtomSpec, Node
-from runtime.plugins.kernel import Counts, Kernel, KernelRequest, plain_kernel
+from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, Counts, Kernel, KernelRequest, const_array,
+                                    const_int, flat_input, plain_kernel)
 
 CONTRACTION, MASKED_SOFTMAX = "contraction", "masked-softmax"
 DTYPES = ("float32", "float64")
@@ -194,7 +195,7 @@ def _cpu(request: KernelRequest) -> Kernel:
     if not form.chain.empty:
         lines, result = form.chain.emit("x", [f"cs[{k}]" for k in range(form.chain.n_extra)])
         chain = lines + [f"x = {result}"]
-    kernel = ak.AttentionKernel(form.dtype, chain)
+    kernel = ak.AttentionKernel(form.dtype, chain, form.chain.n_extra)
     dtype = np.dtype(form.dtype)
     order, _ = keepdims_order(mt, form.scores)
     cache: dict = {}
@@ -225,7 +226,40 @@ def _cpu(request: KernelRequest) -> Kernel:
     # q, k and v are read in full (every element at least once): the kernel may count them
     counted = tuple(k for k in (0, 1, 2) if k in request.count_inputs)
     flags = tuple(k in counted for k in (0, 1, 2))
-    return plain_kernel(run, Counts(inputs=counted), warm=kernel.warm)
+    return plain_kernel(run, Counts(inputs=counted), warm=kernel.warm,
+                        compiled=_compiled(node, form, kernel, order, flags))
+
+
+def _compiled(node: Node, form: Form, kernel, order, flags) -> CompiledCall | None:
+    """How compiled code runs the kernel for C-contiguous operands: the tables of that layout,
+    when the mask's rows are its own C-order elements (no transpose, no broadcast along the
+    keys) and nothing is empty."""
+    from runtime.kernels import attention as ak
+
+    qt, kt, vt, mt = node.input_types[:4]
+    ot, dtype = node.output_type, np.dtype(form.dtype)
+    if not all(t.is_static and t.elements for t in (*node.input_types, ot)) or np.dtype(numpy_dtype(ot.dtype)) != dtype:
+        return None
+    probe = np.arange(mt.elements, dtype=np.int64).reshape(mt.shape)
+    rows = _mask_rows(probe, mt, order, form)
+    if rows.size != mt.elements or not np.array_equal(rows.reshape(-1), probe.reshape(-1)):
+        return None
+    strides = [tuple(c_strides(t.shape)) for t in (qt, kt, vt)]
+    tables, (nb, nq, nk, nd, ne) = _tables(form, node, qt.shape, strides[0], kt.shape, strides[1], vt.shape,
+                                           strides[2], rows.shape, ot.shape, tuple(c_strides(ot.shape)))
+    bq = ak.row_ceiling(nq)
+    work, tasks = nb * nq * nk * nd, nb * -(-nq // bq)
+    qb, qi, qsd, kb, ksj, ksd, vb, vsj, ve, mrb, mrq, ob, oq, oe, ec = tables
+    data = dict(unaligned=True)
+    params = (flat_input(0, **data), const_array(qb), const_array(qi), const_int(qsd),
+              flat_input(1, **data), const_array(kb), const_int(ksj), const_int(ksd),
+              flat_input(2, **data), const_array(vb), const_int(vsj), const_array(ve),
+              const_array(mrb), const_array(mrq), flat_input(3), const_int(nk), FLAT_OUTPUT,
+              const_array(ob), const_array(oq), const_array(oe), const_int(ec),
+              *map(const_int, (nq, nk, nd, ne, bq, *flags)),
+              *(flat_input(4 + k) for k in range(form.chain.n_extra)))
+    return CompiledCall((lambda: kernel.serial_module.call, lambda: kernel.parallel_module().call), params,
+                        variant=int(kernel.is_parallel(work, tasks)))
 
 
 def _mask_rows(mask: np.ndarray, mt: TensorType, order, form: Form) -> np.ndarray:

@@ -19,12 +19,11 @@ from typing import Any
 
 import attrs
 
-from runtime.core.types import TensorType
+from runtime.core.types import HALF_DTYPES, TensorType
 from runtime.kernels.halfconv import BF16_TO_F32, F16_TO_F32, F32_TO_BF16, F32_TO_F16, convert_host, warm_host
 from runtime.plugins.atomspec import AtomSpec, Node
 from runtime.plugins.kernel import node_kernel
 
-HALF_DTYPES = ("float16", "bfloat16")
 WIDE = "~f32"  # suffix of a half slot's float32 temporary (never a valid slot id: no clash)
 
 def _kind(node: Node) -> int:

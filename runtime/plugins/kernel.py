@@ -72,13 +72,93 @@ class Counts:
 NOTHING = Counts()
 
 
+# --- how compiled code calls a kernel (runtime.execution.driver) ---------------------------
+
+@attrs.frozen
+class Param:
+    """One kernel parameter: ``kind`` is "input" / "extra" (the flat C-order array of operand /
+    epilogue operand ``index``; with ``shape``, that array reshaped to it), "output" (the flat
+    output, or reshaped), "int" (an int64 ``value``), "scalar" (the NumPy scalar ``value``, of
+    its own type), "array" (the constant array ``value``) or "derived" (the array
+    ``value(operand)`` for operand ``index`` as bound, worked out in Python before each call:
+    e.g. a cached packed form of a resident bank). ``view``: the array viewed as this dtype
+    (its name; the same item size: raw bits). ``unaligned``: typed as an unaligned array, for
+    a kernel whose explicit signature declares one."""
+
+    kind: str
+    index: int = 0
+    value: Any = None
+    shape: tuple[int, ...] | None = None
+    view: str | None = None
+    unaligned: bool = False
+
+
+def flat_input(index: int, shape: tuple[int, ...] | None = None, view: str | None = None,
+               unaligned: bool = False) -> Param:
+    return Param("input", index, shape=_shape(shape), view=view, unaligned=unaligned)
+
+
+def derived_input(index: int, derive: Callable[[Any], Any]) -> Param:
+    return Param("derived", index, derive)
+
+
+def flat_extra(index: int, shape: tuple[int, ...] | None = None, unaligned: bool = False) -> Param:
+    return Param("extra", index, shape=_shape(shape), unaligned=unaligned)
+
+
+def flat_output(shape: tuple[int, ...] | None = None, view: str | None = None, unaligned: bool = False) -> Param:
+    return Param("output", shape=_shape(shape), view=view, unaligned=unaligned)
+
+
+def _shape(shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    return None if shape is None else tuple(int(n) for n in shape)
+
+
+FLAT_OUTPUT = flat_output()
+
+
+def const_int(value: int) -> Param:
+    return Param("int", value=int(value))
+
+
+def const_scalar(value: Any) -> Param:
+    return Param("scalar", value=value)
+
+
+def const_array(value: Any) -> Param:
+    return Param("array", value=value)
+
+
+@attrs.frozen(eq=False)
+class CompiledCall:
+    """How compiled code calls a kernel (``Kernel.compiled``) whose operands are C-contiguous,
+    aligned arrays of their types. ``guard``: a context manager the call must run inside
+    (entered once around the whole driver). It returns the count the ``Kernel`` returns when
+    that kernel counts anything (``Kernel.counts``)."""
+
+    kernel: Any  # a Numba dispatcher defined at module level in an importable module, or a
+    # function of no arguments returning one (loaded when the driver is built: a kernel's
+    # variant that only compiled code would call is then compiled only if a driver needs it);
+    # or a tuple of such variants taking the same parameters (serial, parallel), of which
+    # this call takes ``variant``: the driver holds them all and picks by a run-time constant,
+    # so that a new extent that picks another needs no new driver
+    params: tuple[Param, ...]
+    guard: Any = None
+    variant: int = 0
+
+    def dispatchers(self) -> tuple[Any, ...]:
+        """The dispatcher of each variant (loaded)."""
+        kernels = self.kernel if isinstance(self.kernel, tuple) else (self.kernel,)
+        return tuple(k if hasattr(k, "py_func") else k() for k in kernels)
+
+
 @attrs.frozen(eq=False)
 class Kernel:
     """A kernel ready to launch: ``kernel(inputs, extras, out)`` fills ``out`` from the node's
     operands and the epilogue's extras (arrays in the keepdims form of ``out``), and returns a
     count as ``counts`` describes (None or 0 when it counts nothing). ``compiled``: how compiled
-    code calls it (``runtime.execution.driver.CompiledCall``), or None: then a run with this
-    kernel launches its kernels one by one from Python."""
+    code calls it (:class:`CompiledCall`), or None: then a run launches this kernel from Python
+    (``runtime.execution.driver``)."""
 
     run: Run
     counts: Counts = NOTHING
@@ -92,12 +172,12 @@ class Kernel:
 
 
 def plain_kernel(fn: Callable[[Sequence[Any], Any], Any], counts: Counts = NOTHING,
-                 warm: Callable[[], None] | None = None) -> Kernel:
+                 warm: Callable[[], None] | None = None, compiled: CompiledCall | None = None) -> Kernel:
     """A kernel from ``fn(inputs, out)``, for a node that takes no epilogue. ``fn`` returns a
     count covering ``counts`` (nothing by default: its return value is then ignored)."""
     if counts.any:
-        return Kernel(lambda inputs, extras, out: fn(inputs, out), counts, warm=warm)
-    return Kernel(lambda inputs, extras, out: _none(fn(inputs, out)), warm=warm)
+        return Kernel(lambda inputs, extras, out: fn(inputs, out), counts, compiled, warm)
+    return Kernel(lambda inputs, extras, out: _none(fn(inputs, out)), compiled=compiled, warm=warm)
 
 
 def _none(_: Any) -> None:
@@ -110,7 +190,8 @@ def node_kernel(make_run: Callable[[Any], Callable[[Sequence[Any], Any], Any]]
     and take no epilogue (most atoms' reference and CUDA kernels)."""
     def factory(request: KernelRequest) -> Kernel:
         fn = make_run(request.node)
-        return plain_kernel(fn, warm=getattr(fn, "warm", None))  # (a run may say how to warm it)
+        # (a run may say how to warm it, and how compiled code calls it)
+        return plain_kernel(fn, warm=getattr(fn, "warm", None), compiled=getattr(fn, "compiled", None))
     factory.__name__ = getattr(make_run, "__name__", "factory")
     factory.__doc__ = make_run.__doc__
     return factory
