@@ -4,9 +4,12 @@ CPU-bound process pinned to one core meanwhile (bench/run.py's neighbour).
 
     python bench/tools/block_settings_ab.py B1-S128 --noisy
     python bench/tools/block_settings_ab.py mlp-T4096-D1024-F4096 --set FORMULA_CONTRACT_PACK_ROWS=0,256,1024
+    python bench/tools/block_settings_ab.py B1-S128 --trees ../base   # this tree against another checkout
 
 Default settings: as is; every parallel threshold raised so that every kernel runs serially;
-``NUMBA_NUM_THREADS=1``.
+``NUMBA_NUM_THREADS=1``. With ``--trees``, the settings are this tree and each other checkout
+(of this repository, at another commit), as is, each with its own kernel cache under
+``$FORMULA_CACHE_DIR`` (default: a ``formula-ab`` folder in the temporary directory).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,17 +49,22 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--noisy", action="store_true")
+    p.add_argument("--trees", default=None, help="PATH,...: other checkouts to run beside this one")
     args = p.parse_args()
-    settings = DEFAULT
+    settings = {name: (env, REPO) for name, env in DEFAULT.items()}
     if args.set:
         var, values = args.set.split("=", 1)
-        settings = {f"{var}={v}": {var: v} for v in values.split(",")}
+        settings = {f"{var}={v}": ({var: v}, REPO) for v in values.split(",")}
+    if args.trees:
+        caches = Path(os.environ.get("FORMULA_CACHE_DIR") or Path(tempfile.gettempdir()) / "formula-ab")
+        trees = [REPO, *(Path(t).resolve() for t in args.trees.split(","))]
+        settings = {f"tree {t}": ({"FORMULA_CACHE_DIR": str(caches / f"tree{k}")}, t) for k, t in enumerate(trees)}
     neighbour = start_neighbour() if args.noisy else None
     medians: dict[str, list] = {k: [] for k in settings}
     try:
         for _ in range(args.rounds):
-            for name, env in settings.items():
-                proc = subprocess.run([sys.executable, "-c", CHILD, args.case, str(args.reps), str(REPO)],
+            for name, (env, repo) in settings.items():
+                proc = subprocess.run([sys.executable, "-c", CHILD, args.case, str(args.reps), str(repo)],
                                       env=dict(os.environ, **env), capture_output=True, text=True)
                 out = proc.stdout.strip().splitlines()
                 medians[name].append(round(float(out[-1]) * 1e3, 2) if proc.returncode == 0 and out

@@ -29,11 +29,13 @@ if args and args[0] == "block":
     runtime.compile(program, "cpu", tiered=False).run(**data)
     what = f"block S={tokens}"
 else:
-    from bench.contenders import prepare_seed  # noqa: E402
     from bench.programs import seed_data, seed_program  # noqa: E402
 
+    import runtime  # noqa: E402
+
     tokens = int(args[0]) if args else 256
+    data = seed_data(tokens, "float32")
     t0 = time.perf_counter()
-    prepare_seed("cpu", seed_program("float32"), seed_data(tokens, "float32"))()
+    runtime.compile(seed_program("float32"), "cpu", tiered=False).run(**data)
     what = f"seed T={tokens}"
 print(f"{what}: compile and first run from an empty cache {time.perf_counter() - t0:.1f} s")

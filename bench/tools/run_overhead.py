@@ -1,6 +1,9 @@
 """Per-run time of bench/blocks.py's quick-size cases on the cpu backend (one process,
 ``exe.run`` medians): at these extents the kernels do next to nothing, so this is what the
-runtime itself costs per run (launching each kernel group from Python, views, checks).
+runtime itself costs per run (launching kernel groups from Python or compiled drivers,
+views, checks). Also how the plan runs (compiled segments, launches from Python) and how
+long the drivers took to be ready after the run that started them (a compile with an empty
+``FORMULA_CACHE_DIR``, a disk-cache load otherwise).
 
     python bench/tools/run_overhead.py [--runs 500]
 """
@@ -18,6 +21,7 @@ from bench import blocks  # noqa: E402
 
 def main() -> None:
     import runtime
+    from runtime.execution.executor import DRIVER_AFTER_RUNS
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=500)
@@ -28,8 +32,11 @@ def main() -> None:
         values = blocks.data(case)
         exe = runtime.compile(blocks.program(case), "cpu", tiered=False)
         banks = exe.load_banks(values["banks"])
-        for _ in range(5):
+        for _ in range(DRIVER_AFTER_RUNS):
             exe.run(inputs=values["inputs"], banks=banks)
+        started = time.perf_counter()
+        exe.wait_compiled()  # (the compiled drivers build in the background)
+        waited = time.perf_counter() - started
         times = []
         for _ in range(args.runs):
             t = time.perf_counter()
@@ -37,7 +44,12 @@ def main() -> None:
             times.append(time.perf_counter() - t)
         plan = exe.plan({})  # (static extents)
         groups = len(plan.groups) - len(getattr(plan, "views", ()))  # (trees before views had none)
-        print(f"{case.name}: {statistics.median(times) * 1e6:.1f} µs per run, {groups} kernel groups")
+        driver = next(iter(exe._plans.values())).driver()
+        parts = driver.parts if driver is not None else range(groups)
+        segments = sum(not isinstance(p, int) for p in parts)
+        print(f"{case.name}: {statistics.median(times) * 1e6:.1f} µs per run, {groups} kernel groups, "
+              f"{segments} compiled segment(s), {len(parts) - segments} launched from Python; "
+              f"waited {waited:.2f} s for the drivers after run {DRIVER_AFTER_RUNS}")
 
 
 if __name__ == "__main__":
