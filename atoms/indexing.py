@@ -328,12 +328,12 @@ def _compiled_indexed(node: Node, item: int, parallel: bool, ntask: int) -> Comp
     m = MOVES[name](node, c_strides(node.input_types[src_k].shape), c_strides(node.input_types[idx_k].shape))
     shape, sstr, istr, dstr = _prepare(m)
     bits = BITS[item].__name__
-    return CompiledCall((lambda: _copy.kernel("indexed", item, False), lambda: _copy.kernel("indexed", item, True)),
+    return CompiledCall(lambda: _copy.kernel("indexed", item, parallel),
                         (flat_input(src_k, view=bits, unaligned=True), const_int(0), const_array(_i64(sstr)),
                          const_int(m.sax), flat_input(idx_k, view="int64", unaligned=True), const_int(0),
                          const_array(_i64(istr)), const_int(m.bound), flat_output(view=bits, unaligned=True),
                          const_int(0), const_array(_i64(dstr)), const_int(m.dax), const_array(_i64(shape)),
-                         const_int(ntask)), variant=int(parallel))
+                         const_int(ntask)))
 
 
 # --- cuda ------------------------------------------------------------------------------------------

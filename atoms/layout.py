@@ -318,10 +318,10 @@ def _compiled_move(make_moves, node: Node, masks, item: int) -> CompiledCall | N
     shape, (sstr, dstr) = coalesce(m.shape, m.sstr, m.dstr)
     parallel, ntask = _copy.tasks(shape, math.prod(shape))
     bits = BITS[item].__name__
-    return CompiledCall((lambda: _copy.kernel("strided", item, False), lambda: _copy.kernel("strided", item, True)),
+    return CompiledCall(lambda: _copy.kernel("strided", item, parallel),
                         (flat_input(m.src, view=bits, unaligned=True), const_int(m.soff), const_array(_i64(sstr)),
                          flat_output(view=bits, unaligned=True), const_int(m.doff), const_array(_i64(dstr)),
-                         const_array(_i64(shape)), const_scalar(masks[m.src]), const_int(ntask)), variant=int(parallel))
+                         const_array(_i64(shape)), const_scalar(masks[m.src]), const_int(ntask)))
 
 
 def _itemsize(t: TensorType) -> int:

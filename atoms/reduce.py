@@ -243,7 +243,7 @@ def _cpu(request: KernelRequest) -> Kernel:
         kernel(x.reshape(-1), flat, outer, k, inner, block, ntask)
         return scan(flat, 0, size) if scan is not None else 0
     compiled = None if counts.any else CompiledCall(
-        _cpu_kernels(), (flat_input(0), FLAT_OUTPUT, *map(const_int, (outer, k, inner, block, ntask))), variant=int(parallel))
+        kernel, (flat_input(0), FLAT_OUTPUT, *map(const_int, (outer, k, inner, block, ntask))))
     return plain_kernel(run, counts, warm=lambda: warm_twins(*_cpu_kernels()), compiled=compiled)
 
 
@@ -420,14 +420,13 @@ def _cpu2(request: KernelRequest) -> Kernel:
         if mode == "sum":
             return summed
         # the sum kernel's own arguments, then the count in the output's dtype
-        sum_args, parallel = summed.compiled.params[2:], summed.compiled.variant
-        kernel = _mean_kernel(parallel)
+        sum_args = summed.compiled.params[2:]
+        kernel = _mean_kernel(summed.compiled.kernel is _cpu_kernel(True))
         divisor = np.array([k], compute_dtype(node.output_type.dtype))  # (half values run widened)
 
         def run_mean(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
             kernel(cg.contiguous(inputs[0]).reshape(-1), out.reshape(-1), *(p.value for p in sum_args), divisor)
-        compiled = CompiledCall((_mean_kernel(False), _mean_kernel(True)),
-                                (flat_input(0), FLAT_OUTPUT, *sum_args, const_array(divisor)), variant=parallel)
+        compiled = CompiledCall(kernel, (flat_input(0), FLAT_OUTPUT, *sum_args, const_array(divisor)))
         return plain_kernel(run_mean, compiled=compiled,
                             warm=lambda: warm_twins(_mean_kernel(False), _mean_kernel(True)))
     parallel = outer * k * inner >= PARALLEL_MIN_WORK
@@ -442,9 +441,7 @@ def _cpu2(request: KernelRequest) -> Kernel:
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         x = cg.contiguous(inputs[0])
         kernel(x.reshape(-1), out.reshape(-1), outer, k, inner, logsumexp, ntask)
-    compiled = CompiledCall((_extreme_kernel(False), _extreme_kernel(True)),
-                            (flat_input(0), FLAT_OUTPUT, *map(const_int, (outer, k, inner, logsumexp, ntask))),
-                            variant=int(parallel))
+    compiled = CompiledCall(kernel, (flat_input(0), FLAT_OUTPUT, *map(const_int, (outer, k, inner, logsumexp, ntask))))
     return plain_kernel(run, compiled=compiled,
                         warm=lambda: warm_twins(_extreme_kernel(False), _extreme_kernel(True)))
 

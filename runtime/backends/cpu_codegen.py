@@ -183,7 +183,7 @@ class NestKernel:
     def compiled(self, params: Sequence[Param], space: Sequence[int], work: int | None = None) -> CompiledCall:
         """How compiled code calls the variant this space takes: ``params`` then its ``nblk``."""
         parallel, nblk = self.variant(space, work)
-        return CompiledCall((lambda: self.serial, self.parallel), (*params, const_int(nblk)), variant=int(parallel))
+        return CompiledCall(self.parallel if parallel else (lambda: self.serial), (*params, const_int(nblk)))
 
 
 def contiguous(x: np.ndarray, slicer: tuple | None = None, shape: tuple | None = None) -> np.ndarray:

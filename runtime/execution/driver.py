@@ -166,10 +166,8 @@ def build_segment(launches: Sequence[Any], bindings: frozenset[str]) -> Segment:
         return f"_unaligned({name})" if p.unaligned else name
 
     for i, (launch, call) in enumerate(zip(launches, calls)):
-        variants = call.dispatchers()
-        for v, kernel in enumerate(variants):
-            module, name = _import_name(kernel)
-            imports.append(f"from {module} import {name} as k{i}_{v}")
+        module, name = _import_name(call.dispatcher())
+        imports.append(f"from {module} import {name} as k{i}")
         args = []
         for p in call.params:
             if p.kind == "input":
@@ -188,13 +186,8 @@ def build_segment(launches: Sequence[Any], bindings: frozenset[str]) -> Segment:
                 derived.append((launch.inputs[p.index], p.value))
             else:
                 raise ValueError(f"unknown kernel parameter kind {p.kind!r}")
-        counted = "n += " if launch.kernel.counts.any else ""
-        if len(variants) == 1:
-            body.append(f"    {counted}k{i}_0({', '.join(args)})")
-        else:  # (the variant by a constant: every extent's driver has the same source)
-            which = const(call.variant)
-            for v in range(len(variants)):
-                body += [f"    {'if' if v == 0 else 'elif'} {which} == {v}:", f"        {counted}k{i}_{v}({', '.join(args)})"]
+        call_line = f"k{i}({', '.join(args)})"
+        body.append(f"    n += {call_line}" if launch.kernel.counts.any else f"    {call_line}")
     order = sorted(slots, key=slots.get)
     params = [f"v{j}" for j in range(len(order))] + ["c"] + [f"q{j}" for j in range(len(arrays))] + \
         [f"d{j}" for j in range(len(derived))]

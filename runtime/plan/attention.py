@@ -258,8 +258,8 @@ def _compiled(node: Node, form: Form, kernel, order, flags) -> CompiledCall | No
               const_array(ob), const_array(oq), const_array(oe), const_int(ec),
               *map(const_int, (nq, nk, nd, ne, bq, *flags)),
               *(flat_input(4 + k) for k in range(form.chain.n_extra)))
-    return CompiledCall((lambda: kernel.serial_module.call, lambda: kernel.parallel_module().call), params,
-                        variant=int(kernel.is_parallel(work, tasks)))
+    parallel = kernel.is_parallel(work, tasks)
+    return CompiledCall(lambda: (kernel.parallel_module() if parallel else kernel.serial_module).call, params)
 
 
 def _mask_rows(mask: np.ndarray, mt: TensorType, order, form: Form) -> np.ndarray:

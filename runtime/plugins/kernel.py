@@ -137,19 +137,13 @@ class CompiledCall:
     that kernel counts anything (``Kernel.counts``)."""
 
     kernel: Any  # a Numba dispatcher defined at module level in an importable module, or a
-    # function of no arguments returning one (loaded when the driver is built: a kernel's
-    # variant that only compiled code would call is then compiled only if a driver needs it);
-    # or a tuple of such variants taking the same parameters (serial, parallel), of which
-    # this call takes ``variant``: the driver holds them all and picks by a run-time constant,
-    # so that a new extent that picks another needs no new driver
+    # function of no arguments returning one (loaded when the driver is built: a variant that
+    # only compiled code would call is then compiled only if a driver needs it)
     params: tuple[Param, ...]
     guard: Any = None
-    variant: int = 0
 
-    def dispatchers(self) -> tuple[Any, ...]:
-        """The dispatcher of each variant (loaded)."""
-        kernels = self.kernel if isinstance(self.kernel, tuple) else (self.kernel,)
-        return tuple(k if hasattr(k, "py_func") else k() for k in kernels)
+    def dispatcher(self) -> Any:
+        return self.kernel if hasattr(self.kernel, "py_func") else self.kernel()
 
 
 @attrs.frozen(eq=False)
