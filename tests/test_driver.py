@@ -256,3 +256,25 @@ def test_the_driver_compiles_in_the_background_for_the_types_of_the_run_that_sta
     compiled = list(segment.call.signatures)  # (before any run called it; other tests' types too)
     exe.run(inputs=inputs, banks=banks)
     assert compiled and segment.call.signatures == compiled  # the run found its types ready
+
+
+def test_a_driver_that_cannot_take_a_runs_values_gives_way_to_launches_from_python():
+    from numba.core.errors import TypingError
+
+    exe = runtime.compile(norm_program(), "cpu", tiered=False)
+    inputs, banks = norm_values(5, seed=4)
+    warmed(exe, inputs, banks)
+    compiled = next(iter(exe._plans.values()))
+    want = exe.run(inputs=inputs, banks=banks)
+    want = {k: want[k].copy() for k in want}
+    segment = compiled.driver().parts[0]
+
+    def refuse(*args):
+        raise TypingError("no implementation for these types (a test's)")
+    object.__setattr__(segment, "call", refuse)
+    calls = counted_launches(compiled)
+    got = exe.run(inputs=inputs, banks=banks)
+    assert calls == list(segment.launches) and compiled.driver() is None
+    assert isinstance(compiled.driver_error, TypingError)
+    for slot in want:
+        np.testing.assert_array_equal(got[slot], want[slot])

@@ -52,6 +52,7 @@ class Segment:
     constants: tuple[Any, ...]
     derived: tuple[tuple[str, Callable[[Any], Any]], ...] = ()  # (slot, derive): last arguments
     guards: tuple[Any, ...] = ()  # context managers every call runs inside
+    launches: tuple[int, ...] = ()  # the positions of its kernels among the plan's launches
 
     def _args(self, values: Mapping[str, Any]) -> list[Any]:
         args = [values[slot] for slot in self.slots]
@@ -110,7 +111,7 @@ def build_driver(launches: Sequence[Any], bindings: frozenset[str]) -> Driver | 
 
     def flush() -> None:
         if len(run) >= MIN_SEGMENT:
-            parts.append(build_segment([launches[i] for i in run], bindings))
+            parts.append(attrs.evolve(build_segment([launches[i] for i in run], bindings), launches=tuple(run)))
         else:
             parts.extend(run)
         run.clear()

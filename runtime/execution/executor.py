@@ -151,6 +151,15 @@ class CompiledPlan:
                                                          type(exc).__name__, exc)
         self._driver_built = True
 
+    def drop_driver(self, exc: Exception) -> None:
+        """Launch from Python from now on: compiled code could not take a run's values (kept
+        as :attr:`driver_error`, logged)."""
+        self.driver_error = exc
+        self._driver = None
+        logging.getLogger("runtime.compile").warning("a compiled driver could not take a run's values; its "
+                                                     "plan's kernels are launched from Python: %s: %s",
+                                                     type(exc).__name__, exc)
+
     def wait_driver(self, timeout: float | None = None) -> bool:
         """Wait for the drivers building in the background; True when none is left."""
         thread = self._driver_thread
@@ -730,7 +739,17 @@ class Executable:
             for part in driver.parts:
                 if isinstance(part, int):
                     self._run_launch(compiled.launches[part], values, bound, raw, None)
-                elif part.run(values):  # non-finite values read
+                    continue
+                try:
+                    found = part.run(values)
+                except Exception as exc:  # Numba refusing these values' types: before any kernel ran
+                    if not type(exc).__module__.startswith("numba"):
+                        raise
+                    compiled.drop_driver(exc)
+                    for k in part.launches:
+                        self._run_launch(compiled.launches[k], values, bound, raw, None)
+                    continue
+                if found:  # non-finite values read
                     self._binder.check_finite(bound, compiled.deferred_finite, *raw)
         else:
             for launch in compiled.launches:
