@@ -1,16 +1,19 @@
-"""The compiled driver (runtime.execution.driver): a plan's kernels in one compiled call, used exactly
-when every kernel can be called from compiled code and the bindings have the layout it was
-built for; otherwise (and for traces) kernels are launched one by one from Python."""
+"""The compiled drivers (runtime.execution.driver): each run of consecutive kernels that compiled
+code can call is one compiled call (a segment), the others launch from Python between them;
+used when the bindings have the layout the drivers were built for, otherwise (and for traces)
+every kernel launches from Python. Drivers build in the background from a plan's eighth run."""
+import os
 from pathlib import Path
 
 import attrs
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import runtime
 from runtime.execution.driver import _all_of
 from runtime.execution.executor import DRIVER_AFTER_RUNS
-from runtime.testing import ProgramBuilder, random_values
+from runtime.testing import ProgramBuilder, assert_backends_agree, random_values
 
 SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
 
@@ -278,3 +281,60 @@ def test_a_driver_that_cannot_take_a_runs_values_gives_way_to_launches_from_pyth
     assert isinstance(compiled.driver_error, TypingError)
     for slot in want:
         np.testing.assert_array_equal(got[slot], want[slot])
+
+
+# --- random programs through the drivers -------------------------------------------------------
+
+@st.composite
+def segment_programs(draw):
+    """Chains over [A, B] values mixing every kernel kind compiled code can call (chains with
+    broadcast operands, reduce@2, broadcast, permute, slice, lookup, contraction and views)
+    with ones it cannot (concat), so plans split into segments in every way."""
+    b = ProgramBuilder()
+    a, n = 5, 6
+    pool = [b.input("x", {"A": a, "B": n}), b.op("lookup", [b.bank("t", {"V": 7, "B": n}), b.input("ids", {"A": a}, "int64")],
+                          {"table_axis": "V", "output_axes": ["A", "B"]})]
+    w = b.bank("w", {"E": n, "B": n})
+    row = b.input("r", {"A": a})
+    for _ in range(draw(st.integers(2, 9))):
+        pick = lambda: draw(st.sampled_from(pool))  # noqa: E731
+        kind = draw(st.sampled_from(["map", "add", "row", "mean", "amax", "permute", "slice", "concat", "contract"]))
+        if kind == "map":
+            slot = b.op("scalar-map", [pick()], {"mode": draw(st.sampled_from(["tanh", "silu", "gelu"]))})
+        elif kind == "add":
+            slot = b.op("add", [pick(), pick()], ACC)
+        elif kind == "row":  # a broadcast operand of the chain
+            slot = b.op("scale", [pick(), row], {"factor_axes": ["A"], **ACC})
+        elif kind in ("mean", "amax"):
+            m = b.op("reduce@2", [pick()], {"axis": "B", "mode": kind, **ACC})
+            slot = b.op("broadcast", [m], {"output_axes": ["A", "B"], "output_sizes": [a, n]})
+        elif kind == "permute":
+            t = b.op("permute", [pick()], {"output_axes": ["B", "A"]})
+            slot = b.op("permute", [b.op("scalar-map", [t], {"mode": "tanh"})], {"output_axes": ["A", "B"]})
+        elif kind in ("slice", "concat"):
+            s = b.op("slice", [pick()], {"axis": "B", "start": 1, "stop": n, "step": 1})
+            slot = b.op("concat", [s, b.op("slice", [pick()], {"axis": "B", "start": 0, "stop": 1, "step": 1})],
+                        {"axis": "B"}) if kind == "concat" else \
+                b.op("concat", [b.op("slice", [pick()], {"axis": "B", "start": 0, "stop": 1, "step": 1}), s], {"axis": "B"})
+        else:
+            c = b.op("contract", [pick(), w], {"reduce_axes": [["B", "B"]], "output_axes": ["A", "E"], **ACC})
+            slot = b.op("reshape", [c], {"output_axes": ["A", "B"], "output_sizes": [a, n]})
+        pool.append(slot)
+    outputs = list(dict.fromkeys([pool[-1], *draw(st.lists(st.sampled_from(pool[2:] or pool), max_size=2))]))
+    return b.build(outputs=outputs)
+
+
+@settings(max_examples=int(os.environ.get("FORMULA_DRIVER_EXAMPLES", 8)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(segment_programs(), st.integers(0, 2 ** 16))
+def test_random_programs_through_the_drivers_equal_their_python_launches(program, seed):
+    rng = np.random.default_rng(seed)
+    inputs = {"x": rng.standard_normal((5, 6), dtype=np.float32), "ids": rng.integers(0, 7, 5),
+              "r": rng.standard_normal(5, dtype=np.float32)}
+    banks = {"t": rng.standard_normal((7, 6), dtype=np.float32), "w": rng.standard_normal((6, 6), dtype=np.float32) / 3}
+    exe = runtime.compile(program, "cpu", tiered=False)
+    warmed(exe, inputs, banks)
+    got, launched = driven_and_launched(exe, inputs, banks)
+    for slot in got:
+        np.testing.assert_array_equal(got[slot], launched[slot])
+    assert_backends_agree(program, inputs, banks)
