@@ -947,7 +947,7 @@ class _Tiers:
         exe = self._exe
         try:
             compiled = exe._build(dims, dtypes, resident)
-            compiled.driver_after = 2  # (its drivers then build here, on the second run)
+            compiled.driver_after = 2  # (its drivers start building on the second run here)
             copy = attrs.evolve(bound, values=values, structure=None)
             for _ in range(compiled.driver_after):  # the kernels compile on their first call
                 arena = compiled.acquire_arena()
@@ -955,8 +955,7 @@ class _Tiers:
                     exe._execute(compiled, copy, arena, False, {}, (values, None))
                 finally:
                     compiled.release_arena(arena)
-            compiled.wait_driver()
-            compiled.warm()
+            compiled.warm()  # (the drivers go on building: the plan is published without them)
             mark_ready(exe._ready_key(dtypes, resident))
         except FormulaError as exc:
             with self._lock:
