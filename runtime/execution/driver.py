@@ -111,7 +111,7 @@ def build_driver(launches: Sequence[Any], bindings: frozenset[str]) -> Driver | 
 
     def flush() -> None:
         if len(run) >= MIN_SEGMENT:
-            parts.append(attrs.evolve(build_segment([launches[i] for i in run], bindings), launches=tuple(run)))
+            parts.append(build_segment(launches, tuple(run), bindings))
         else:
             parts.extend(run)
         run.clear()
@@ -142,9 +142,10 @@ def _import_name(kernel: Any) -> tuple[str, str]:
     return module, name
 
 
-def build_segment(launches: Sequence[Any], bindings: frozenset[str]) -> Segment:
-    """One compiled call of these launches, each with a :class:`CompiledCall` (``bindings``:
-    the plan's slots that the caller supplies)."""
+def build_segment(plan_launches: Sequence[Any], positions: tuple[int, ...], bindings: frozenset[str]) -> Segment:
+    """One compiled call of the launches at these positions, each with a :class:`CompiledCall`
+    (``bindings``: the plan's slots that the caller supplies)."""
+    launches = [plan_launches[i] for i in positions]
     calls = [launch.kernel.compiled for launch in launches]
     slots: dict[str, int] = {}  # slot id -> parameter position
     ints: list[int] = []
@@ -204,4 +205,4 @@ def build_segment(launches: Sequence[Any], bindings: frozenset[str]) -> Segment:
     call = load_generated(source, "driver").driver
     guards = tuple(dict.fromkeys(c.guard for c in calls if c.guard is not None))
     return Segment(call, tuple(order), tuple(s for s in order if s in bindings),
-                   (np.array(ints, np.int64), *arrays), tuple(derived), guards)
+                   (np.array(ints, np.int64), *arrays), tuple(derived), guards, positions)

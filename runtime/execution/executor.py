@@ -766,7 +766,7 @@ class Executable:
         return Result({slot: outputs[slot] for slot in self.program.outputs}, records, plan, backend.name)
 
     def _run_launch(self, launch: _Launch, values: dict[str, Any], bound, raw: tuple[Any, Any],
-                records: list[dict[str, Any]] | None) -> None:
+                    records: list[dict[str, Any]] | None) -> None:
         """One kernel launched from Python, after the value checks before it (with a trace
         record when ``records`` is a list)."""
         backend = self.backend
