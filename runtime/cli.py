@@ -410,7 +410,7 @@ def _compile(args) -> int:
     """Every kernel of the plan for ``--dim``s and ``--dtype``, in every variant a later extent
     of a symbolic axis may take, compiled or loaded into the cache; runs on random values."""
     from runtime.api import compile as compile_program
-    from runtime.execution.executor import check_dims
+    from runtime.execution.executor import DRIVER_AFTER_RUNS, check_dims
     from runtime.kernels import compilelog
     from runtime.kernels.codegen import cache_dir
     from runtime.plugins.registry import default_registry
@@ -428,9 +428,9 @@ def _compile(args) -> int:
     before = compilelog.total()
     with _compile_feedback():
         started = time.perf_counter()
-        for _ in range(2):  # the second run builds the plan's one-call driver
+        for _ in range(DRIVER_AFTER_RUNS):  # the first compiles the kernels, the last starts the compiled drivers
             exe.run(inputs=inputs, banks=banks)
-        exe.warm()  # the variants other extents take (parallel twins)
+        exe.warm()  # (after waiting for the drivers) the variants other extents take (parallel twins)
         elapsed = time.perf_counter() - started
     compiled = compilelog.total() - before
     where = str(cache_dir())

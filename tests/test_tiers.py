@@ -257,7 +257,12 @@ def _json(capsys):
     return json.loads(capsys.readouterr().out)
 
 
-def test_formula_compile_fills_the_cache_then_has_nothing_left_to_compile(capsys, tmp_path):
+def test_formula_compile_fills_the_cache_then_has_nothing_left_to_compile(capsys, tmp_path, monkeypatch):
+    from runtime.execution.executor import CompiledPlan
+
+    built = []  # the compiled drivers too, so that served processes load them from the cache
+    build = CompiledPlan._build_driver
+    monkeypatch.setattr(CompiledPlan, "_build_driver", lambda self, values: (build(self, values), built.append(self)))
     path = tmp_path / "seed.json"
     path.write_text(json.dumps(SEED))
     argv = ["compile", str(path), "--dim", "B=1", "--dim", "S=5", "--json"]
@@ -265,6 +270,7 @@ def test_formula_compile_fills_the_cache_then_has_nothing_left_to_compile(capsys
     doc = _json(capsys)
     assert doc["ok"] and doc["dims"] == {"B": 1, "S": 5} and doc["dtype"] == "float32"
     assert doc["cache"] == str(codegen.cache_dir())
+    assert len(built) == 1 and built[0].driver() is not None and built[0].driver_error is None
     assert main(argv) == 0
     assert _json(capsys)["compiled"] == 0
     assert main(["compile", str(path), "--dim", "B=1", "--dim", "S=5", "--dtype", "float64"]) == 0
