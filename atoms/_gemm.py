@@ -31,7 +31,7 @@ from runtime.kernels.codegen import configure_numba_cache, load_generated
 from runtime.core.errors import FormulaError
 from runtime.plan.fusion import EMPTY_EPILOGUE, Epilogue
 from runtime.plugins.kernel import Counts, Kernel, KernelRequest
-from runtime.kernels.layout import c_strides, keepdims_order
+from runtime.kernels.layout import c_strides, keepdims_is_reshape
 from runtime.core.types import TensorType
 
 from . import _microgemm as micro
@@ -660,10 +660,8 @@ def _compiled_call(kernel, guard, micro_guard, form, types, orders, shapes, dt, 
     (la, a_c, a_whole), (lb, _, b_whole) = operands
     if (scan_left and not a_c) or (scan_right and not b_whole):
         return None
-    for t in epilogue.extra_types:  # the executor's keepdims form must be a reshape
-        order, _ = keepdims_order(t, out_type)
-        if order != tuple(sorted(order)):
-            return None
+    if not all(keepdims_is_reshape(t, out_type) for t in epilogue.extra_types):  # (the executor's form)
+        return None
     use_micro = int(form is not None and micro.usable(form, la[0], lb[0]) and a_whole and b_whole)
     c = calls.const_int
     bpk = calls.const_array(no_pack)

@@ -32,11 +32,11 @@ from runtime.kernels.codegen import warm_twins
 from runtime.plugins.kernel import CompiledCall, const_array, const_int, flat_input, flat_output, node_kernel
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to, c_strides as true_strides  # (every axis, extent 1 too)
-from runtime.core.types import HALF_DTYPES, TensorType, is_float
+from runtime.core.types import TensorType, is_float
 
 from ._refs import refs_for
 from . import _copy, _rows
-from .layout import BITS, _i64, _itemsize, c_strides, coalesce, device_bits, flat_view, out_bits
+from .layout import BITS, _i64, _itemsize, c_strides, coalesce, compiled_copies, device_bits, flat_view, out_bits
 
 
 # --- infer -----------------------------------------------------------------------------------
@@ -323,7 +323,7 @@ def _compiled_indexed(node: Node, item: int, parallel: bool, ntask: int) -> Comp
     executor checks every index before the kernel reads it (``check_values``)."""
     name = node.atom.name
     src_k, idx_k, _ = OPERANDS[name]
-    if not all(t.is_static and t.elements and t.dtype not in HALF_DTYPES for t in (*node.input_types, node.output_type)):
+    if not compiled_copies(node):
         return None
     m = MOVES[name](node, c_strides(node.input_types[src_k].shape), c_strides(node.input_types[idx_k].shape))
     shape, sstr, istr, dstr = _prepare(m)

@@ -306,10 +306,16 @@ def mover_cpu(make_moves: Callable[[Node, Sequence[tuple[int, ...]]], list[Move]
     return factory
 
 
+def compiled_copies(node: Node) -> bool:
+    """Whether compiled code can run ``node``'s copies: static, non-empty operands of a dtype
+    Numba types (no half: their bits are moved as the Python launch views them)."""
+    return all(t.is_static and t.elements and t.dtype not in HALF_DTYPES for t in (*node.input_types, node.output_type))
+
+
 def _compiled_move(make_moves, node: Node, masks, item: int) -> CompiledCall | None:
     """How compiled code runs the copy for C-contiguous operands (as ``flat_view`` sees them:
     stride 0 on axes of extent 1), when it is one move over non-empty operands."""
-    if not all(t.is_static and t.elements and t.dtype not in HALF_DTYPES for t in (*node.input_types, node.output_type)):
+    if not compiled_copies(node):
         return None
     moves = make_moves(node, [c_strides(t.shape) for t in node.input_types])
     if len(moves) != 1:

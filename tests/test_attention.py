@@ -340,7 +340,8 @@ def test_half_programs_fuse_on_their_float32_temporaries():
 
 
 @pytest.mark.parametrize("mask_axes,chain,compiled", [("SK", (), True), ("BHSK", ("scale", "scale"), True),
-                                                      ("hSK", ("scale",), True), ("KS", (), False)])
+                                                      ("hSK", ("scale",), True), ("BSK", (), True),
+                                                      ("KS", (), False), ("HBSK", (), False), ("bSK", (), True)])
 def test_the_driver_runs_the_fused_kernel_with_each_runs_mask(mask_axes, chain, compiled):
     """Compiled code works out the mask's spans and the chain's scalars from each run's values,
     as the Python launch does: a new mask or scalar changes the result, and it equals the

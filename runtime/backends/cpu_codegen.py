@@ -21,7 +21,7 @@ import numpy as np
 from runtime.kernels import vmath
 from runtime.kernels.atomic import WORKERS
 from runtime.kernels.codegen import configure_numba_cache, load_generated
-from runtime.kernels.layout import keepdims_order
+from runtime.kernels.layout import keepdims_is_reshape
 from runtime.core.errors import FormulaError
 from runtime.plugins.kernel import CompiledCall, Counts, Kernel, KernelRequest, Param, const_int, flat_extra, flat_output
 from runtime.core.types import TensorType
@@ -262,14 +262,7 @@ def elementwise_kernel(request: KernelRequest) -> Kernel:
         arrays.append(out.reshape(out_shape))
         return kernel(arrays, out_shape)
     compiled = None
-    if all(_is_reshape(t, out_type) for t in epilogue.extra_types):  # flat C-order buffers: a reshape each
+    if all(keepdims_is_reshape(t, out_type) for t in epilogue.extra_types):  # flat C-order buffers: a reshape each
         compiled = kernel.compiled([*(flat_extra(j, cs, unaligned=True) for j, (_, cs) in enumerate(prepare)), flat_output(out_shape)],
                                    out_shape)
     return Kernel(run, Counts(extras=tuple(checked), outputs=values), compiled, kernel.warm)
-
-
-def _is_reshape(value_type: TensorType, target: TensorType) -> bool:
-    """Whether the keepdims form of ``target`` is a reshape of a C-order ``value_type`` value
-    (its axes in target's order)."""
-    order, _ = keepdims_order(value_type, target)
-    return order == tuple(sorted(order))

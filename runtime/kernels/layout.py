@@ -55,6 +55,13 @@ def keepdims_order(value_type: TensorType, target: TensorType,
     return order, tuple(present.get(a, 1) for a in target.axes)
 
 
+def keepdims_is_reshape(value_type: TensorType, target: TensorType) -> bool:
+    """Whether the keepdims form of ``target`` is a reshape of a C-order ``value_type`` value
+    (its axes in target's order): then its flat buffer, reshaped, is that form."""
+    order, _ = keepdims_order(value_type, target)
+    return order == tuple(sorted(order))
+
+
 def keepdims_aligner(value_type: TensorType, target: TensorType) -> Callable[[Any], Any]:
     """A function viewing a value in the keepdims form of ``target``; the permutation and
     shape are worked out once, since kernels run this for every operand of every run."""

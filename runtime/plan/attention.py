@@ -227,10 +227,10 @@ def _cpu(request: KernelRequest) -> Kernel:
     counted = tuple(k for k in (0, 1, 2) if k in request.count_inputs)
     flags = tuple(k in counted for k in (0, 1, 2))
     return plain_kernel(run, Counts(inputs=counted), warm=kernel.warm,
-                        compiled=_compiled(node, form, kernel, order, flags))
+                        compiled=_compiled(node, form, kernel, flags))
 
 
-def _compiled(node: Node, form: Form, kernel, order, flags) -> CompiledCall | None:
+def _compiled(node: Node, form: Form, kernel, flags) -> CompiledCall | None:
     """How compiled code runs the kernel for C-contiguous operands: the tables of that layout,
     when the mask's rows are its own C-order elements (no transpose, no broadcast along the
     keys) and nothing is empty."""
@@ -240,13 +240,16 @@ def _compiled(node: Node, form: Form, kernel, order, flags) -> CompiledCall | No
     ot, dtype = node.output_type, np.dtype(form.dtype)
     if not all(t.is_static and t.elements for t in (*node.input_types, ot)) or np.dtype(numpy_dtype(ot.dtype)) != dtype:
         return None
-    probe = np.arange(mt.elements, dtype=np.int64).reshape(mt.shape)
-    rows = _mask_rows(probe, mt, order, form)
-    if rows.size != mt.elements or not np.array_equal(rows.reshape(-1), probe.reshape(-1)):
-        return None
+    lt, seq = form.scores, (*form.batch, *form.query, form.k_key)
+    nk_scores = lt.shape[lt.axes.index(form.k_key)]
+    whole = [a for a, n in zip(mt.axes, mt.shape) if n > 1]  # (extent-1 axes move no element)
+    if form.k_key not in mt.axes or mt.size_of(form.k_key) != nk_scores or whole != [a for a in seq if a in whole]:
+        return None  # _mask_rows would transpose or broadcast the mask: no reshape of its buffer
+    _, keep = keepdims_order(mt, lt)
+    rows_shape = tuple(keep[lt.axes.index(a)] for a in seq)
     strides = [tuple(c_strides(t.shape)) for t in (qt, kt, vt)]
     tables, (nb, nq, nk, nd, ne) = _tables(form, node, qt.shape, strides[0], kt.shape, strides[1], vt.shape,
-                                           strides[2], rows.shape, ot.shape, tuple(c_strides(ot.shape)))
+                                           strides[2], rows_shape, ot.shape, tuple(c_strides(ot.shape)))
     bq = ak.row_ceiling(nq)
     work, tasks = nb * nq * nk * nd, nb * -(-nq // bq)
     qb, qi, qsd, kb, ksj, ksd, vb, vsj, ve, mrb, mrq, ob, oq, oe, ec = tables
