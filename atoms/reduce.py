@@ -334,25 +334,82 @@ def _check_device2(node: Node, backend: str) -> None:
              f"reduce@2 has no {backend} kernel for {dtype} operands; use backend='reference'")
 
 
+# amax over contiguous rows: LANES running maxima, updated lane-wise (a vector select), then
+# combined; columns (inner > 1): runs of at most EXTREME_CHUNK of them updated row by row
+EXTREME_LANES = 16
+EXTREME_CHUNK = 256
+
+
 def _extreme_task(x, out, outer, k, inner, logsumexp, t, ntask):
     """Task ``t`` of ``ntask``: amax (or, with ``logsumexp``, m + log Σ exp(x − m)) of each
     column of flat C-order ``x`` ``[outer, k, inner]`` into ``out`` ``[outer, inner]``. A ±inf
-    maximum is already the logsumexp (SPEC's shift by 0 gives the same), NaN stays NaN."""
+    maximum is already the logsumexp (SPEC's shift by 0 gives the same), NaN stays NaN: every
+    update takes ``v`` when ``v > m`` or ``v`` is NaN, and a NaN ``m`` is never replaced.
+    Unsigned indices: no negative-index wraparound in the loops, which then vectorise."""
     ncol = outer * inner
-    for col in range(t * ncol // ntask, (t + 1) * ncol // ntask):
-        o = col // inner
-        base = o * k * inner + (col - o * inner)
-        m = x[base]
-        for j in range(1, k):
-            v = x[base + j * inner]
-            if v > m or v != v:  # a NaN entry stays the maximum (as np.max)
-                m = v
-        if logsumexp and math.isfinite(m):
-            s = m - m  # 0 in the compute dtype
-            for j in range(k):
-                s += vexp(x[base + j * inner] - m)
-            m = m + math.log(s)
-        out[col] = m
+    uk, lanes = np.uint64(k), np.uint64(EXTREME_LANES)
+    c0, c1 = np.uint64(t * ncol // ntask), np.uint64((t + 1) * ncol // ntask)
+    if inner == 1:
+        acc = np.empty(EXTREME_LANES, x.dtype)
+        for col in range(c0, c1):
+            base = col * uk
+            m = x[base]
+            j = np.uint64(1)
+            if k >= 2 * EXTREME_LANES:
+                for i in range(lanes):
+                    acc[i] = x[base + i]
+                j = lanes
+                while j + lanes <= uk:
+                    xb = base + j
+                    for i in range(lanes):
+                        v, a = x[xb + i], acc[i]
+                        acc[i] = v if (v > a or v != v) else a
+                    j += lanes
+                m = acc[0]
+                for i in range(np.uint64(1), lanes):
+                    v = acc[i]
+                    if v > m or v != v:
+                        m = v
+            for i in range(j, uk):
+                v = x[base + i]
+                if v > m or v != v:
+                    m = v
+            if logsumexp and math.isfinite(m):
+                s = m - m  # 0 in the compute dtype
+                for i in range(uk):
+                    s += vexp(x[base + i] - m)
+                m = m + math.log(s)
+            out[col] = m
+        return
+    uin = np.uint64(inner)
+    sums = np.empty(EXTREME_CHUNK, x.dtype)
+    c = c0
+    while c < c1:
+        o = c // uin
+        i0 = c - o * uin
+        n = min(c1 - c, uin - i0, np.uint64(EXTREME_CHUNK))
+        xb = o * uk * uin + i0
+        for i in range(n):
+            out[c + i] = x[xb + i]
+        for j in range(np.uint64(1), uk):
+            xr = xb + j * uin
+            for i in range(n):
+                v, a = x[xr + i], out[c + i]
+                out[c + i] = v if (v > a or v != v) else a
+        if logsumexp:
+            for i in range(n):
+                sums[i] = 0
+            for j in range(uk):
+                xr = xb + j * uin
+                for i in range(n):
+                    m = out[c + i]
+                    shift = m if math.isfinite(m) else m - m  # (a non-finite maximum is kept below)
+                    sums[i] += vexp(x[xr + i] - shift)
+            for i in range(n):
+                m = out[c + i]
+                if math.isfinite(m):
+                    out[c + i] = m + math.log(sums[i])
+        c += n
 
 
 def _extreme_serial(x, out, outer, k, inner, logsumexp, ntask):

@@ -251,6 +251,33 @@ def test_one_driver_serves_every_extent_of_a_symbolic_axis():
     assert first.call is second.call and first.constants[0].tolist() != second.constants[0].tolist()
 
 
+def test_a_driver_is_renamed_when_a_kernel_it_calls_changes(tmp_path, monkeypatch):
+    """Numba's disk cache checks only a function's own file, and a driver holds its callees'
+    code: the digest of their sources in the driver's source keeps a cache from serving a
+    driver built from older kernels."""
+    import importlib
+    import sys
+
+    from runtime.execution import driver
+
+    exe = runtime.compile(norm_program(), "cpu", tiered=False)
+    warmed(exe, *norm_values(4, seed=3))
+    segment = next(iter(exe._plans.values())).driver().parts[0]
+    source = Path(sys.modules[segment.call.py_func.__module__].__file__).read_text()
+    callees = [line.split()[1] for line in source.splitlines()
+               if line.startswith("from ") and " as k" in line]  # the kernels' modules
+    assert callees and f"# kernels' sources: {driver.sources_stamp(callees)}\n" in source
+    kernel = tmp_path / "kernel_mod_for_stamp.py"
+    kernel.write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("kernel_mod_for_stamp")
+    before = driver.sources_stamp(["kernel_mod_for_stamp"])
+    assert driver.sources_stamp(["kernel_mod_for_stamp"]) == before  # deterministic
+    kernel.write_text("X = 2\n")
+    driver._file_digest.cache_clear()
+    assert driver.sources_stamp(["kernel_mod_for_stamp"]) != before
+
+
 def test_the_driver_compiles_in_the_background_for_the_types_of_the_run_that_started_it():
     exe = runtime.compile(norm_program(), "cpu", tiered=False)
     inputs, banks = norm_values(4, seed=3)

@@ -305,3 +305,31 @@ def test_rotary_cpu_tables_are_declared_scratch():
     assert SPEC["position-rotary"].scratch_bytes(node, "cpu") == (2 * 3 * 4 + 3) * 4
     assert SPEC["position-rotary"].scratch_bytes(node, "cuda") == 4 * 4  # its frequencies on the device
     assert SPEC["position-rotary"].scratch_bytes(node, "reference") == 0
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("outer, k, inner", [(5, 31, 1), (3, 32, 1), (7, 33, 1), (4, 100, 1), (2, 700, 1),
+                                             (3, 5, 300), (2, 40, 600), (3, 1, 257)])
+@pytest.mark.parametrize("mode", ["amax", "logsumexp"])
+def test_reduce2_extremes_past_the_vector_paths(parallel, outer, k, inner, mode):
+    # rows long enough for the lane-wise maxima (k >= 2 x EXTREME_LANES) and column runs longer
+    # than EXTREME_CHUNK, each with a NaN, +inf or -inf planted at the start, in the lanes, in
+    # the tail and in the combined lanes; amax is exact (np.max), logsumexp the reference's
+    import atoms.reduce as reduce_module
+
+    rng = np.random.default_rng(k * inner)
+    for dtype in ("float32", "float64"):
+        x = (rng.standard_normal((outer, k, inner)) * 30).astype(dtype)
+        specials = [np.nan, np.inf, -np.inf]
+        for o in range(outer):
+            for where in (0, k // 2, k - 1):
+                if rng.random() < 0.4:
+                    x[o, where, rng.integers(inner)] = specials[rng.integers(3)]
+        t = T("ABC", [outer, k, inner], dtype)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(reduce_module, "PARALLEL_MIN_WORK", 0 if parallel else 1 << 62)
+            got = run("reduce@2", R("B", mode), [t], [x], "cpu")
+        want = run("reduce@2", R("B", mode), [t], [x])
+        if mode == "amax":
+            np.testing.assert_array_equal(got, x.max(axis=1))
+        np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "float32" else 1e-12)
