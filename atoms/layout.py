@@ -449,14 +449,14 @@ def free_reshape(node: Node) -> frozenset[str]:
 
 
 def _spec(name, inputs, attributes, infer, reference, moves, summary, free, reads_all=True,
-          view=False) -> AtomSpec:
+          view=False, role=None) -> AtomSpec:
     """``reads_all``: the moves read every element of every operand (all but slice), so the
     cpu kernel can take over their finiteness check. ``view``: see ``AtomSpec.view``."""
     return AtomSpec(name=name, refs=refs_for(name), inputs=inputs, attributes=frozenset(attributes),
                     dtypes={operand: "any" for operand in inputs},
                     infer=infer, kernels={"reference": node_kernel(reference), "cpu": mover_cpu(moves, reads_all),
                                           "cuda": node_kernel(mover_cuda(moves))},
-                    summary=summary, free_axes=free, view=view)
+                    summary=summary, free_axes=free, view=view, role=role)
 
 
 SPECS = [
@@ -466,7 +466,8 @@ SPECS = [
     _spec("permute", ("value",), {"output_axes"}, infer_permute, _ref_permute, moves_permute,
           "axes reordered", every_axis),
     _spec("broadcast", ("value",), {"output_axes", "output_sizes"}, infer_broadcast,
-          _ref_broadcast, moves_broadcast, "extent-1 axes expanded and new axes added", every_axis),
+          _ref_broadcast, moves_broadcast, "extent-1 axes expanded and new axes added", every_axis,
+          role="broadcast"),
     _spec("slice", ("value",), {"axis", "start", "stop", "step"}, infer_slice, _ref_slice,
           moves_slice, "Python slice (start, stop, step > 0) of one axis; never empty", axes_except("axis"),
           reads_all=False),

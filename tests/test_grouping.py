@@ -215,3 +215,50 @@ def test_first_qualifying_operand_is_the_chain():
     groups = make_groups(p.nodes, [out], "cpu", fuse=True)
     assert ids(groups) == [["i1"], ["i0", "i2"]]
     assert groups[1].epilogue.steps[1].sources == (CHAIN, 1)
+
+
+def _expand(ctx: InferContext) -> TensorType:
+    """value[D] -> [T=4, D] (a stand-in broadcast)."""
+    return ctx.output(("T",) + ctx.operands[0].axes, (4,) + ctx.operands[0].sizes)
+
+
+EXPAND = attrs.evolve(spec("expand", _expand, ("value",)), role="broadcast")
+EXPAND_NAMED = spec("expand", _expand, ("value",))  # the same, but no role: never absorbed
+
+
+def test_a_broadcast_read_once_by_a_chain_is_read_by_the_chain_itself():
+    # bias: mix(x, w) + expand(b) -> the chain reads b [D] itself, the copy is never made
+    p = Prog()
+    x, w, b = p.input("x", t(T=4, D=8)), p.input("w", t(D=8, E=8)), p.input("b", t(D=8))
+    y = p.op(ADD, p.op(MIX, x, w), p.op(EXPAND, b))
+    (g,) = make_groups(p.nodes, [y], "cpu", fuse=True)
+    assert ids([g]) == [["i0", "i1", "i2"]] and g.anchor.instruction_id == "i0"
+    assert g.epilogue.extra_slots == ("b",) and g.epilogue.extra_types == (t(D=8),)
+    assert g.fused_slots == ("%0", "%1") and g.input_slots == ("x", "w", "b")
+    # an anchorless chain starting at the reader: tanh(x + expand(b))
+    p = Prog()
+    x, b = p.input("x", t(T=4, D=8)), p.input("b", t(D=8))
+    y = p.op(TANH, p.op(ADD, x, p.op(EXPAND, b)))
+    (g,) = make_groups(p.nodes, [y], "cuda", fuse=True)
+    assert ids([g]) == [["i0", "i1", "i2"]] and g.anchor is None
+    assert g.epilogue.extra_slots == ("x", "b") and [s.sources for s in g.epilogue.steps] == [(0, 1), (CHAIN,)]
+
+
+def test_a_broadcast_stays_a_kernel_unless_one_chain_reads_it():
+    def groups(build, fuse=True):
+        p = Prog()
+        x, b = p.input("x", t(T=4, D=8)), p.input("b", t(D=8))
+        return ids(make_groups(p.nodes, build(p, x, b), "cpu", fuse=fuse))
+
+    two_readers = lambda p, x, b: [p.op(ADD, p.op(ADD, x, e), e) for e in [p.op(EXPAND, b)]]
+    assert groups(two_readers) == [["i0"], ["i1", "i2"]]
+    read_twice = lambda p, x, b: [p.op(ADD, e, e) for e in [p.op(EXPAND, b)]]
+    assert groups(read_twice) == [["i0"], ["i1"]]
+    output = lambda p, x, b: [e, p.op(ADD, x, e)] if (e := p.op(EXPAND, b)) else None
+    assert groups(output) == [["i0"], ["i1"]]
+    not_elementwise = lambda p, x, b: [p.op(CUMSUM, p.op(EXPAND, b))]
+    assert groups(not_elementwise) == [["i0"], ["i1"]]
+    no_role = lambda p, x, b: [p.op(ADD, x, p.op(EXPAND_NAMED, b))]
+    assert groups(no_role) == [["i0"], ["i1"]]
+    unfused = lambda p, x, b: [p.op(ADD, x, p.op(EXPAND, b))]
+    assert groups(unfused, fuse=False) == [["i0"], ["i1"]]

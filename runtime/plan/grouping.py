@@ -6,6 +6,10 @@ one of its operands when that intermediate has exactly one reader in the whole p
 not a program output, and is not the broadcast side (its axes and shape are the node's
 output's). As in TVM's FuseOps, the intermediate then never reaches memory.
 
+A ``broadcast`` whose one reader is such an elementwise node is absorbed into the reader's
+group: the kernel reads the broadcast's operand itself, at index 0 along the axes it lacks
+(the way it reads a ``scale`` factor), instead of a materialised copy of the output's size.
+
 A group runs at the position of its last node. That order is valid: a slot read from outside
 a group is the final output of its producing group (intermediates have their single reader
 inside the group), and that producer's last node is strictly earlier than the reader.
@@ -22,6 +26,7 @@ from runtime.plugins.atomspec import Node, ScalarOp
 from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
 from runtime.core.types import TensorType
 
+BROADCAST = "broadcast"  # AtomSpec.role of an atom whose operand an elementwise reader may read
 # Longer chains split: compile time grows faster than linearly in a kernel's length, and one
 # more pass over memory per this many fused steps costs little.
 MAX_FUSED_NODES = 32
@@ -89,7 +94,10 @@ def make_groups(nodes: Sequence[Node], outputs: Sequence[str], backend: str, fus
         rewrites[replaced[-1].index] = (replaced, fused)
     skipped = {n.index for replaced, _ in rewrites.values() for n in replaced}
     outputs = set(outputs)
+    absorbed = _absorbed_broadcasts(nodes, outputs, readers, skipped, backend) if fuse else {}
     for node in nodes:
+        if node.output_slot in absorbed:
+            continue  # read by its reader's kernel (_operands)
         if node.index in rewrites:
             replaced, fused = rewrites[node.index]
             by_output[node.output_slot] = len(groups)  # no epilogue joins it (it anchors none)
@@ -102,13 +110,13 @@ def make_groups(nodes: Sequence[Node], outputs: Sequence[str], backend: str, fus
         if target is None:
             by_output[node.output_slot] = len(groups)
             if op is not None and backend not in node.atom.anchors:
-                groups.append(_as_chain(node, op))  # even alone: the backend's chain kernel runs it
+                groups.append(_as_chain(node, op, absorbed))  # even alone: the backend's chain kernel runs it
             else:
                 groups.append(Group(node, EMPTY_EPILOGUE, (node,), node.output_slot, node.output_type))
             continue
         k, gi = target
         del by_output[groups[gi].output_slot]
-        groups[gi] = _extend(groups[gi], node, k, op)
+        groups[gi] = _extend(groups[gi], node, k, op, absorbed)
         by_output[node.output_slot] = gi
     return sorted(groups, key=lambda g: g.position)
 
@@ -134,25 +142,52 @@ def _fusable_operand(node, by_output, groups, readers, outputs, backend):
     return None
 
 
-def _as_chain(node: Node, op: ScalarOp) -> Group:
-    extras = tuple(dict.fromkeys(node.input_slots))
-    types = tuple(node.input_types[node.input_slots.index(s)] for s in extras)
-    step = EpilogueStep(node, op, tuple(extras.index(s) for s in node.input_slots))
-    return Group(None, Epilogue((step,), extras, types), (node,), node.output_slot, node.output_type)
+def _absorbed_broadcasts(nodes: Sequence[Node], outputs: set[str], readers: Counter, skipped: set[int],
+                         backend: str) -> dict[str, Node]:
+    """Output slot -> ``broadcast`` node, for each broadcast read once, not a program output,
+    by an elementwise node that runs in a chain (so it reads the slot as an epilogue operand)."""
+    readers_of = {s: n for n in nodes for s in n.input_slots}
+    absorbed = {}
+    for node in nodes:
+        slot = node.output_slot
+        reader = readers_of.get(slot)
+        if node.atom.role != BROADCAST or len(node.input_slots) != 1 or readers[slot] != 1 \
+                or slot in outputs or node.index in skipped or reader is None or reader.index in skipped:
+            continue
+        if _scalar_op(reader) is not None and backend not in reader.atom.anchors:
+            absorbed[slot] = node
+    return absorbed
 
 
-def _extend(group: Group, node: Node, chain_operand: int, op: ScalarOp) -> Group:
+def _operands(node: Node, absorbed: dict[str, Node]) -> list[tuple[str, TensorType, Node | None]]:
+    """Per operand of ``node``: the slot and type its kernel reads, and the absorbed broadcast
+    whose operand that is (None for its own operand)."""
+    out = []
+    for slot, t in zip(node.input_slots, node.input_types):
+        source = absorbed.get(slot)
+        out.append((slot, t, None) if source is None else
+                   (source.input_slots[0], source.input_types[0], source))
+    return out
+
+
+def _as_chain(node: Node, op: ScalarOp, absorbed: dict[str, Node]) -> Group:
+    return _extend(Group(None, EMPTY_EPILOGUE, (), node.output_slot, node.output_type), node, None, op, absorbed)
+
+
+def _extend(group: Group, node: Node, chain_operand: int | None, op: ScalarOp, absorbed: dict[str, Node]) -> Group:
     extras = list(group.epilogue.extra_slots)
     types = list(group.epilogue.extra_types)
-    sources = []
-    for k, slot in enumerate(node.input_slots):
+    sources, nodes = [], []
+    for k, (slot, t, source) in enumerate(_operands(node, absorbed)):
         if k == chain_operand:
             sources.append(CHAIN)
             continue
+        if source is not None and source not in nodes:
+            nodes.append(source)
         if slot not in extras:
             extras.append(slot)
-            types.append(node.input_types[k])
+            types.append(t)
         sources.append(extras.index(slot))
     step = EpilogueStep(node, op, tuple(sources))
     epilogue = Epilogue(group.epilogue.steps + (step,), tuple(extras), tuple(types))
-    return Group(group.anchor, epilogue, group.nodes + (node,), node.output_slot, node.output_type)
+    return Group(group.anchor, epilogue, group.nodes + tuple(nodes) + (node,), node.output_slot, node.output_type)

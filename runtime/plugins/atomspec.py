@@ -74,8 +74,10 @@ class AtomSpec:
     summary: str = ""
     # what the atom computes, for planner rewrites that recognise a pattern across atoms
     # (runtime.plan.attention): "contraction" (contract's reduce_axes/output_axes semantics),
-    # "masked-softmax" (an ``axis`` attribute, operands logits and mask). None: no rewrite
-    # looks at it. An atom declaring a role promises those semantics exactly.
+    # "masked-softmax" (an ``axis`` attribute, operands logits and mask), "broadcast" (one
+    # operand, its axes among the output's, each of the output's extent or 1, its values
+    # repeated along the rest: runtime.plan.grouping lets an elementwise reader read it
+    # directly). None: no rewrite looks at it. An atom declaring a role promises those semantics exactly.
     role: str | None = None
     # operand name -> the dtype class it accepts (runtime.core.types.DTYPE_CLASSES, "a|b" for
     # either), shown by ``formula atoms``; ``infer`` is what enforces it
