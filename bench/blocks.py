@@ -9,6 +9,8 @@ Every case is one formula program plus the same computation written for each pee
 - ``attention``: q·kᵀ → causal masked softmax → ·v at B=4, H=8, S=512, Dh=64;
 - ``mlp``: gelu(x·W1ᵀ)·W2ᵀ at T=4096, 1024→4096→1024, in float32 and in float16 (peers:
   ONNX Runtime and PyTorch; NumPy has no BLAS for float16);
+- ``biased``: the block as GPT-2 writes it: layer norms with a bias (the mean subtracted
+  through a broadcast), a bias on every projection, at (B, S) = (1, 512);
 - ``gated``: ``bench.transformer``'s full block (rotary, silu·softplus gate, a float16 down
   projection) at D=512, 8×64, F=2048, T=512; its peers are ONNX Runtime and PyTorch (rotary
   written with their own operations) and the reference backend, which stands for NumPy.
@@ -71,6 +73,8 @@ def cases(quick: bool = False) -> list[BlockCase]:
     d = QUICK_DIMS if quick else BLOCK_DIMS
     out = [BlockCase(f"B{b}-S{s}", "block", {**d, "B": b, "S": s}, BLOCK_PEERS)
            for b, s in (QUICK_SIZES if quick else BLOCK_SIZES)]
+    out.append(BlockCase("biased-B{B}-S{S}".format(**(sz := {**d, "B": 1, "S": 16 if quick else 512})), "biased",
+                         sz, BLOCK_PEERS))
     att = {"B": 2, "H": 2, "S": 32, "Dh": 16} if quick else {"B": 4, "H": 8, "S": 512, "Dh": 64}
     out.append(BlockCase("attention-B{B}-H{H}-S{S}".format(**att), "attention", att, BLOCK_PEERS))
     mlp = {"T": 64, "D": 64, "F": 256} if quick else {"T": 4096, "D": 1024, "F": 4096}
@@ -103,6 +107,25 @@ def _rms_norm(b: Builder, x: str, gain: str, eps: str, rows: Mapping[str, int], 
     inv = b.op("scalar-map@2", [b.op("add", [ms, bcast], dict(ACC), rows)], {"mode": "rsqrt", **ACC}, rows)
     normed = b.op("scale", [x, inv], {"factor_axes": list(rows), **ACC}, full)
     return b.op("scale", [normed, gain], {"factor_axes": ["D"], **ACC}, full)
+
+
+def _broadcast(b: Builder, x: str, axes: Mapping[str, int]) -> str:
+    return b.op("broadcast", [x], {"output_axes": list(axes), "output_sizes": list(axes.values())}, axes)
+
+
+def _layer_norm(b: Builder, x: str, gain: str, bias: str, eps: str, neg: str, rows: Mapping[str, int], d: int) -> str:
+    """(x − mean) · rsqrt(mean((x − mean)²) + eps) · gain + bias over the last axis D."""
+    full = {**rows, "D": d}
+    mean = b.op("reduce@2", [x], {"axis": "D", "mode": "mean", **ACC}, rows)
+    centred = b.op("add", [x, _broadcast(b, b.op("scale", [mean, neg], {"factor_axes": [], **ACC}, rows), full)],
+                   dict(ACC), full)
+    sq = b.op("scale", [centred, centred], {"factor_axes": list(full), **ACC}, full)
+    var = b.op("reduce@2", [sq], {"axis": "D", "mode": "mean", **ACC}, rows)
+    inv = b.op("scalar-map@2", [b.op("add", [var, _broadcast(b, eps, rows)], dict(ACC), rows)],
+               {"mode": "rsqrt", **ACC}, rows)
+    normed = b.op("scale", [b.op("scale", [centred, inv], {"factor_axes": list(rows), **ACC}, full), gain],
+                  {"factor_axes": ["D"], **ACC}, full)
+    return b.op("add", [normed, _broadcast(b, bias, full)], dict(ACC), full)
 
 
 def _attention(b: Builder, q: str, k: str, v: str, mask: str, bsz: int, h: int, s: int, dh: int) -> str:
@@ -138,6 +161,39 @@ def block_program(z: Mapping[str, int]) -> dict:
     return b.build([b.op("add", [x2, _contract(b, m, w2, [("F", "F")], full)], dict(ACC), full)])
 
 
+def biased_program(z: Mapping[str, int]) -> dict:
+    """The block with layer norms and a bias on every projection (GPT-2's form)."""
+    bsz, s, d, h, dh, f, vocab = (z[k] for k in ("B", "S", "D", "H", "Dh", "F", "V"))
+    b = Builder("float32")
+    ids = b.input("ids", {"B": bsz, "S": s}, "int64")
+    mask = b.input("causal_mask", {"S": s, "K": s}, "boolean")
+    eps, neg = b.input("epsilon", {}), b.input("minus_one", {})
+    emb = b.bank("embedding", {"V": vocab, "D": d})
+    ln = {n: b.bank(n, {"D": d}) for n in ("ln1_gain", "ln1_bias", "ln2_gain", "ln2_bias", "bo", "b2")}
+    wq, wk, wv = (b.bank(n, {"H": h, "Dh": dh, "D": d}) for n in ("wq", "wk", "wv"))
+    bq, bk, bv = (b.bank(n, {"H": h, "Dh": dh}) for n in ("bq", "bk", "bv"))
+    wo = b.bank("wo", {"D": d, "H": h, "Dh": dh})
+    w1, b1, w2 = b.bank("w1", {"F": f, "D": d}), b.bank("b1", {"F": f}), b.bank("w2", {"D": d, "F": f})
+    rows, full = {"B": bsz, "S": s}, {"B": bsz, "S": s, "D": d}
+    x = b.op("lookup", [emb, ids], {"table_axis": "V", "output_axes": ["B", "S", "D"]}, full)
+    hn = _layer_norm(b, x, ln["ln1_gain"], ln["ln1_bias"], eps, neg, rows, d)
+    heads, keys = {"B": bsz, "S": s, "H": h, "Dh": dh}, {"B": bsz, "K": s, "H": h, "Dh": dh}
+    q, k, v = (b.op("add", [_contract(b, hn, w, [("D", "D")], heads), _broadcast(b, bias, heads)], dict(ACC), heads)
+               for w, bias in ((wq, bq), (wk, bk), (wv, bv)))
+    as_keys = {"output_axes": list(keys), "output_sizes": list(keys.values())}
+    k, v = (b.op("reshape", [t], as_keys, keys) for t in (k, v))
+    att = _attention(b, q, k, v, mask, bsz, h, s, dh)
+    o = b.op("add", [_contract(b, att, wo, [("H", "H"), ("Dh", "Dh")], full), _broadcast(b, ln["bo"], full)],
+             dict(ACC), full)
+    x2 = b.op("add", [x, o], dict(ACC), full)
+    h2 = _layer_norm(b, x2, ln["ln2_gain"], ln["ln2_bias"], eps, neg, rows, d)
+    hidden = {"B": bsz, "S": s, "F": f}
+    up = b.op("add", [_contract(b, h2, w1, [("D", "D")], hidden), _broadcast(b, b1, hidden)], dict(ACC), hidden)
+    m = b.op("scalar-map", [up], {"mode": "gelu"}, hidden)
+    down = b.op("add", [_contract(b, m, w2, [("F", "F")], full), _broadcast(b, ln["b2"], full)], dict(ACC), full)
+    return b.build([b.op("add", [x2, down], dict(ACC), full)])
+
+
 def attention_program(z: Mapping[str, int]) -> dict:
     bsz, h, s, dh = z["B"], z["H"], z["S"], z["Dh"]
     b = Builder("float32")
@@ -164,7 +220,7 @@ def program(case: BlockCase) -> dict:
         return transformer_block_program(True, dims, tokens=case.sizes["T"])
     if case.kind == "mlp":
         return mlp_program(case.sizes, case.dtype)
-    return {"block": block_program, "attention": attention_program}[case.kind](case.sizes)
+    return {"block": block_program, "biased": biased_program, "attention": attention_program}[case.kind](case.sizes)
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -196,6 +252,13 @@ def data(case: BlockCase, seed: int = 0) -> Values:
              "w1": normal((f, d), d), "w2": normal((d, f), f)}
     inputs = {"ids": rng.integers(0, z["V"], (z["B"], s), dtype=np.int64), "causal_mask": mask,
               "epsilon": np.float32(1e-6)}
+    if case.kind == "biased":  # layer norms' gains and biases; a bias per projection (q's prescaled)
+        banks.update({"ln1_gain": banks.pop("norm1_gain"), "ln2_gain": banks.pop("norm2_gain"),
+                      "ln1_bias": normal((d,), 16), "ln2_bias": normal((d,), 16),
+                      "bq": normal((h, dh), 16) / np.float32(math.sqrt(dh)), "bk": normal((h, dh), 16),
+                      "bv": normal((h, dh), 16), "bo": normal((d,), 16), "b1": normal((f,), 16),
+                      "b2": normal((d,), 16)})
+        inputs["minus_one"] = np.float32(-1)
     return {"inputs": inputs, "banks": banks}
 
 
@@ -223,6 +286,11 @@ def _rms_np(x, gain, eps):
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * gain
 
 
+def _layer_norm_np(x, gain, bias, eps):
+    centred = x - x.mean(axis=-1, keepdims=True)
+    return centred / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + eps) * gain + bias
+
+
 def numpy_fn(case: BlockCase, v: Values, dtype=None) -> Fn:
     """The case as a NumPy user writes it (``dtype``: evaluate in another dtype, e.g. float64
     for the expected values)."""
@@ -234,12 +302,24 @@ def numpy_fn(case: BlockCase, v: Values, dtype=None) -> Fn:
         return lambda: _gelu_np(i["x"] @ w1t) @ w2t
     if case.kind == "attention":
         return lambda: _attention_np(i["q"], i["k"], i["v"], i["causal_mask"])
-    if case.kind != "block":
+    if case.kind not in ("block", "biased"):
         raise ValueError(case.kind)
     z = case.sizes
     bsz, s, d, h, dh = z["B"], z["S"], z["D"], z["H"], z["Dh"]
     wqkv = np.concatenate([w[n].reshape(h * dh, d) for n in ("wq", "wk", "wv")]).T.copy()
     wot, w1t, w2t = w["wo"].reshape(d, h * dh).T.copy(), w["w1"].T.copy(), w["w2"].T.copy()
+    if case.kind == "biased":
+        bqkv = np.concatenate([w[n].reshape(h * dh) for n in ("bq", "bk", "bv")])
+
+        def run_biased():
+            x = w["embedding"][i["ids"]]
+            qkv = (_layer_norm_np(x, w["ln1_gain"], w["ln1_bias"], i["epsilon"]) @ wqkv + bqkv).reshape(bsz, s, 3, h, dh)
+            att = _attention_np(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], i["causal_mask"])
+            x2 = x + (att.reshape(bsz, s, h * dh) @ wot + w["bo"])
+            hid = _gelu_np(_layer_norm_np(x2, w["ln2_gain"], w["ln2_bias"], i["epsilon"]) @ w1t + w["b1"])
+            return x2 + (hid @ w2t + w["b2"])
+
+        return run_biased
 
     def run():
         x = w["embedding"][i["ids"]]
@@ -316,6 +396,9 @@ def onnx_model(case: BlockCase, v: Values):
     elif case.kind == "gated":
         inputs, out = _onnx_gated(z, v, node, init, rms)
         out_shape = ["T", z["D"]]
+    elif case.kind == "biased":
+        inputs, out = _onnx_biased(z, v, fdt, node, init, heads, attention, gelu)
+        out_shape = ["B", "S", z["D"]]
     else:
         d, h, dh = z["D"], z["H"], z["Dh"]
         w = v["banks"]
@@ -339,6 +422,35 @@ def onnx_model(case: BlockCase, v: Values):
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
+
+
+def _onnx_biased(z, v: Values, fdt, node, init, heads, attention, gelu):
+    """The biased block as ONNX nodes: LayerNormalization (opset 17, as PyTorch exports it),
+    MatMul then Add of each bias (ORT fuses them)."""
+    from onnx import TensorProto, helper
+
+    d, h, dh = z["D"], z["H"], z["Dh"]
+    w = v["banks"]
+    eps = float(v["inputs"]["epsilon"])
+    inputs = [helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "S"]),
+              helper.make_tensor_value_info("causal_mask", TensorProto.BOOL, ["S", "S"])]
+
+    def ln(x, n):
+        return node("LayerNormalization", [x, init(f"{n}_g", w[f"{n}_gain"]), init(f"{n}_b", w[f"{n}_bias"])],
+                    f"{n}_o", axis=-1, epsilon=eps)
+
+    def linear(x, weight, bias, tag):
+        return node("Add", [node("MatMul", [x, init(f"{tag}_wt", weight.T)], f"{tag}_m"), init(f"{tag}_b", bias)], tag)
+
+    x = node("Gather", [init("embedding", w["embedding"]), "ids"], "x", axis=0)
+    hn = ln(x, "ln1")
+    q, k, v_ = (heads(linear(hn, w[n].reshape(h * dh, d), w["b" + n[1]].reshape(h * dh), f"{n}_p"), n)
+                for n in ("wq", "wk", "wv"))
+    att = node("Transpose", [attention(q, k, v_, "causal_mask", "a")], "att_t", perm=[0, 2, 1, 3])
+    att = node("Reshape", [att, init("att_shape", np.array([0, 0, h * dh], dtype=np.int64))], "att")
+    x2 = node("Add", [x, linear(att, w["wo"].reshape(d, h * dh), w["bo"], "o")], "x2")
+    hid = gelu(linear(ln(x2, "ln2"), w["w1"], w["b1"], "h1"), "g")
+    return inputs, node("Add", [x2, linear(hid, w["w2"], w["b2"], "down")], "out")
 
 
 def _onnx_gated(z, v: Values, node, init, rms):
@@ -410,7 +522,8 @@ def onnxruntime_session(case: BlockCase, v: Values, profile_prefix: str | None =
 def onnxruntime_fn(case: BlockCase, v: Values) -> Fn:
     """ONNX Runtime CPU (``onnxruntime_session``), inputs bound once."""
     session = onnxruntime_session(case, v)
-    keep = {n: np.ascontiguousarray(a) for n, a in v["inputs"].items()}
+    names = {i.name for i in session.get_inputs()}  # (the biased graph takes its epsilon as an attribute)
+    keep = {n: np.ascontiguousarray(a) for n, a in v["inputs"].items() if n in names}
     binding = session.io_binding()
     for name, value in keep.items():
         binding.bind_cpu_input(name, value)
@@ -474,6 +587,22 @@ def torch_fn(case: BlockCase, v: Values) -> Fn:
     elif case.kind == "attention":
         def compute():
             return attention(t["q"], t["k"], t["v"], t["causal_mask"])
+    elif case.kind == "biased":
+        z = case.sizes
+        bsz, s, d, h, dh = z["B"], z["S"], z["D"], z["H"], z["Dh"]
+        wqkv = torch.cat([t[n].reshape(h * dh, d) for n in ("wq", "wk", "wv")])
+        bqkv = torch.cat([t[n].reshape(h * dh) for n in ("bq", "bk", "bv")])
+        wo, eps = t["wo"].reshape(d, h * dh), float(v["inputs"]["epsilon"])
+        linear, layer_norm = torch.nn.functional.linear, torch.nn.functional.layer_norm
+
+        def compute():
+            x = t["embedding"][t["ids"]]
+            hn = layer_norm(x, (d,), t["ln1_gain"], t["ln1_bias"], eps)
+            qkv = linear(hn, wqkv, bqkv).reshape(bsz, s, 3, h, dh)
+            att = attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], t["causal_mask"])
+            x2 = x + linear(att.reshape(bsz, s, h * dh), wo, t["bo"])
+            hid = gelu(linear(layer_norm(x2, (d,), t["ln2_gain"], t["ln2_bias"], eps), t["w1"], t["b1"]))
+            return x2 + linear(hid, t["w2"], t["b2"])
     else:
         z = case.sizes
         bsz, s, d, h, dh = z["B"], z["S"], z["D"], z["H"], z["Dh"]

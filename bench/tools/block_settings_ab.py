@@ -9,7 +9,9 @@ CPU-bound process pinned to one core meanwhile (bench/run.py's neighbour).
 Default settings: as is; every parallel threshold raised so that every kernel runs serially;
 ``NUMBA_NUM_THREADS=1``. With ``--trees``, the settings are this tree and each other checkout
 (of this repository, at another commit), as is, each with its own kernel cache under
-``$FORMULA_CACHE_DIR`` (default: a ``formula-ab`` folder in the temporary directory).
+``$FORMULA_CACHE_DIR`` (default: a ``formula-ab`` folder in the temporary directory). A case
+that another checkout's bench/blocks.py lacks is taken from this one's, run on that checkout's
+runtime.
 """
 from __future__ import annotations
 
@@ -30,6 +32,14 @@ import sys, time
 import numpy as np
 sys.path.insert(0, sys.argv[3])
 from bench import blocks
+if not any(c.name == sys.argv[1] for c in blocks.cases()):  # a case only this tree defines
+    import importlib.util
+    import atoms, runtime  # (bound first: this tree's blocks.py puts its own folder on sys.path)
+    path = list(sys.path)
+    spec = importlib.util.spec_from_file_location("bench.blocks_ab", sys.argv[4] + "/bench/blocks.py")
+    blocks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(blocks)
+    sys.path[:] = path
 case = next(c for c in blocks.cases() if c.name == sys.argv[1])
 run = blocks.prepare("cpu", case, blocks.data(case))
 run(); run()
@@ -64,7 +74,7 @@ def main() -> int:
     try:
         for _ in range(args.rounds):
             for name, (env, repo) in settings.items():
-                proc = subprocess.run([sys.executable, "-c", CHILD, args.case, str(args.reps), str(repo)],
+                proc = subprocess.run([sys.executable, "-c", CHILD, args.case, str(args.reps), str(repo), str(REPO)],
                                       env=dict(os.environ, **env), capture_output=True, text=True)
                 out = proc.stdout.strip().splitlines()
                 medians[name].append(round(float(out[-1]) * 1e3, 2) if proc.returncode == 0 and out
