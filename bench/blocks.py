@@ -519,11 +519,17 @@ def onnxruntime_session(case: BlockCase, v: Values, profile_prefix: str | None =
     return ort.InferenceSession(onnx_model(case, v).SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
+def onnxruntime_feeds(session, v: Values) -> dict[str, np.ndarray]:
+    """The inputs the session's graph takes (the biased block's takes its epsilon as an
+    attribute, and no minus one)."""
+    names = {i.name for i in session.get_inputs()}
+    return {n: np.ascontiguousarray(a) for n, a in v["inputs"].items() if n in names}
+
+
 def onnxruntime_fn(case: BlockCase, v: Values) -> Fn:
     """ONNX Runtime CPU (``onnxruntime_session``), inputs bound once."""
     session = onnxruntime_session(case, v)
-    names = {i.name for i in session.get_inputs()}  # (the biased graph takes its epsilon as an attribute)
-    keep = {n: np.ascontiguousarray(a) for n, a in v["inputs"].items() if n in names}
+    keep = onnxruntime_feeds(session, v)
     binding = session.io_binding()
     for name, value in keep.items():
         binding.bind_cpu_input(name, value)

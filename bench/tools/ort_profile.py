@@ -27,7 +27,7 @@ def main() -> None:
     case = next(c for c in blocks.cases() if c.name == args.case)
     values = blocks.data(case)
     session = blocks.onnxruntime_session(case, values, str(Path(tempfile.mkdtemp(prefix="ort-profile-")) / "ort"))
-    feeds = {n: np.ascontiguousarray(a) for n, a in values["inputs"].items()}
+    feeds = blocks.onnxruntime_feeds(session, values)
     for _ in range(args.calls):
         session.run(None, feeds)
     per: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
