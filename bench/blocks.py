@@ -506,13 +506,16 @@ def _onnx_gated(z, v: Values, node, init, rms):
     return inputs, node("Add", [x2, down], "out")
 
 
-def onnxruntime_session(case: BlockCase, v: Values, profile_prefix: str | None = None):
+def onnxruntime_session(case: BlockCase, v: Values, profile_prefix: str | None = None, threads: int | None = None):
     """The case's ONNX Runtime CPU session, every graph optimisation on (ORT_ENABLE_ALL);
-    ``profile_prefix``: with ORT's own per-node profiling, written there."""
+    ``profile_prefix``: with ORT's own per-node profiling, written there; ``threads``: its
+    intra-op threads (default: ORT's, one per core)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads is not None:
+        opts.intra_op_num_threads = threads
     if profile_prefix is not None:
         opts.enable_profiling = True
         opts.profile_file_prefix = profile_prefix

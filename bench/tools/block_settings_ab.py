@@ -48,7 +48,8 @@ for _ in range(int(sys.argv[2])):
     t = time.perf_counter(); run(); times.append(time.perf_counter() - t)
 print(np.median(times))
 """
-SERIAL = {"FORMULA_CPU_PARALLEL_MIN": str(1 << 40), "FORMULA_CONTRACT_PARALLEL_MIN": str(1 << 40)}
+SERIAL = {f"FORMULA_{name}_PARALLEL_MIN": str(1 << 40)
+          for name in ("CPU", "CONTRACT", "ATTENTION", "COPY", "REDUCE", "ROWS")}
 DEFAULT = {"as is": {}, "serial": SERIAL, "one thread": {"NUMBA_NUM_THREADS": "1"}}
 
 

@@ -2,7 +2,7 @@
 options of its contender): median ms per node over the calls after the first 20, largest
 first. Compare with ``python bench/trace_blocks.py <case>`` for the runtime's kernel groups.
 
-    python bench/tools/ort_profile.py B1-S512 [--calls 220]
+    python bench/tools/ort_profile.py B1-S512 [--calls 220] [--threads 1]
 """
 from __future__ import annotations
 
@@ -23,10 +23,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("case", help=f"of: {', '.join(c.name for c in blocks.cases())}")
     p.add_argument("--calls", type=int, default=220)
+    p.add_argument("--threads", type=int, default=None, help="ORT's intra-op threads (default: one per core)")
     args = p.parse_args()
     case = next(c for c in blocks.cases() if c.name == args.case)
     values = blocks.data(case)
-    session = blocks.onnxruntime_session(case, values, str(Path(tempfile.mkdtemp(prefix="ort-profile-")) / "ort"))
+    session = blocks.onnxruntime_session(case, values, str(Path(tempfile.mkdtemp(prefix="ort-profile-")) / "ort"),
+                                          args.threads)
     feeds = blocks.onnxruntime_feeds(session, values)
     for _ in range(args.calls):
         session.run(None, feeds)
