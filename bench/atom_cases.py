@@ -147,6 +147,15 @@ reduce_lse = AtomCase("reduce@2-logsumexp-last",
                           np.exp(x - m).sum(axis=1)))(x.max(axis=1, keepdims=True))),
                       rtol=1e-5, atol=1e-5)
 
+reduce_amax = AtomCase("reduce@2-amax-last",
+                       _one("reduce@2", {"x": _square}, {"axis": "D", "mode": "amax", **ACC}, {"T": N}),
+                       lambda rng: _inputs(x=_normal(rng, (N, D))),
+                       lambda v: (lambda x=v["inputs"]["x"]: x.max(axis=1)))
+reduce_amax_first = AtomCase("reduce@2-amax-first",
+                             _one("reduce@2", {"x": _square}, {"axis": "T", "mode": "amax", **ACC}, {"D": D}),
+                             lambda rng: _inputs(x=_normal(rng, (N, D))),
+                             lambda v: (lambda x=v["inputs"]["x"]: x.max(axis=0)))
+
 # --- position ------------------------------------------------------------------------------
 RB, RS, RH, RD = 2, 256, 8, 64
 _qkv = {"B": RB, "S": RS, "H": RH, "D": RD}
@@ -235,4 +244,5 @@ window = AtomCase(
         np.pad(x, ((0, 0), (WK - 1, 0))), WK, axis=1).copy()))
 
 CASES = (contract_matmul, contract_batched, scalar_silu, scalar_gelu, add, scale, reduce_sum,
-         masked_softmax, lookup, gather, permute, segment_mean, window, reduce_lse, rotary)
+         masked_softmax, lookup, gather, permute, segment_mean, window, reduce_lse, reduce_amax,
+         reduce_amax_first, rotary)

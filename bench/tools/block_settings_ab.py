@@ -5,13 +5,14 @@ CPU-bound process pinned to one core meanwhile (bench/run.py's neighbour).
     python bench/tools/block_settings_ab.py B1-S128 --noisy
     python bench/tools/block_settings_ab.py mlp-T4096-D1024-F4096 --set FORMULA_CONTRACT_PACK_ROWS=0,256,1024
     python bench/tools/block_settings_ab.py B1-S128 --trees ../base   # this tree against another checkout
+    python bench/tools/block_settings_ab.py atom-reduce@2-amax-last --trees ../base  # a bench/atom_cases.py case
 
 Default settings: as is; every parallel threshold raised so that every kernel runs serially;
 ``NUMBA_NUM_THREADS=1``. With ``--trees``, the settings are this tree and each other checkout
 (of this repository, at another commit), as is, each with its own kernel cache under
 ``$FORMULA_CACHE_DIR`` (default: a ``formula-ab`` folder in the temporary directory). A case
 that another checkout's bench/blocks.py lacks is taken from this one's, run on that checkout's
-runtime.
+runtime; ``atom-<name>`` is a bench/atom_cases.py case (this tree's).
 """
 from __future__ import annotations
 
@@ -28,20 +29,31 @@ sys.path.insert(0, str(REPO))
 from bench.run import start_neighbour  # noqa: E402
 
 CHILD = r"""
-import sys, time
+import importlib.util, sys, time
 import numpy as np
 sys.path.insert(0, sys.argv[3])
-from bench import blocks
-if not any(c.name == sys.argv[1] for c in blocks.cases()):  # a case only this tree defines
-    import importlib.util
-    import atoms, runtime  # (bound first: this tree's blocks.py puts its own folder on sys.path)
+import atoms, runtime  # (the checkout's, bound before this tree's bench modules are loaded)
+
+def here(module):
+    # this tree's bench module (a case the checkout lacks), run on the checkout's runtime
     path = list(sys.path)
-    spec = importlib.util.spec_from_file_location("bench.blocks_ab", sys.argv[4] + "/bench/blocks.py")
-    blocks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(blocks)
+    spec = importlib.util.spec_from_file_location(f"bench.{module}_ab", f"{sys.argv[4]}/bench/{module}.py")
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
     sys.path[:] = path
-case = next(c for c in blocks.cases() if c.name == sys.argv[1])
-run = blocks.prepare("cpu", case, blocks.data(case))
+    return loaded
+
+if sys.argv[1].startswith("atom-"):
+    from bench.contenders import prepare_runtime
+    case = next(c for c in here("atom_cases").CASES if c.name == sys.argv[1][5:])
+    v, p = case.data(np.random.default_rng(0)), case.build()
+    run = prepare_runtime("cpu", p, v["inputs"], v["banks"], p["outputs"][0])
+else:
+    from bench import blocks
+    if not any(c.name == sys.argv[1] for c in blocks.cases()):
+        blocks = here("blocks")
+    case = next(c for c in blocks.cases() if c.name == sys.argv[1])
+    run = blocks.prepare("cpu", case, blocks.data(case))
 run(); run()
 times = []
 for _ in range(int(sys.argv[2])):
