@@ -5,6 +5,7 @@ vectors of LANES floats, K slices of KC and row tiles of TM, over the shapes of 
 block's MLP and projections.
 
     python bench/tools/blocked_tile_ab.py
+    python bench/tools/blocked_tile_ab.py --shapes 128,512,512 --configs 4,4,16,64,32 4,4,16,256,32
 
 This is the experiment behind ``atoms._microgemm``'s BLOCKED_MR, BLOCKED_NV, BLOCKED_KC and
 BLOCKED_MIN_TM (docs/performance.md, tuning log); it calls the tile from a plain loop, so it
@@ -12,6 +13,7 @@ measures the tile alone (no epilogue, no threads).
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -64,12 +66,18 @@ def pack(b: np.ndarray, nr: int) -> np.ndarray:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="*", default=[",".join(map(str, s)) for s in SHAPES], help="M,K,N ...")
+    p.add_argument("--configs", nargs="*", default=[",".join(map(str, c)) for c in CONFIGS],
+                   help="MR,NV,LANES,KC,TM ...")
+    args = p.parse_args()
+    shapes = [tuple(map(int, s.split(","))) for s in args.shapes]
     rng = np.random.default_rng(0)
-    print("MR NV lanes KC TM  GFLOP/s for M,K,N = " + "  ".join(",".join(map(str, s)) for s in SHAPES))
-    for mr, nv, lanes, kc, tm in CONFIGS:
+    print("MR NV lanes KC TM  GFLOP/s for M,K,N = " + "  ".join(",".join(map(str, s)) for s in shapes))
+    for mr, nv, lanes, kc, tm in (tuple(map(int, c.split(","))) for c in args.configs):
         gemm, nr = make(mr, nv, lanes, kc)
         got = []
-        for m, k, n in SHAPES:
+        for m, k, n in shapes:
             a, b = rng.random((m, k), np.float32), rng.random((k, n), np.float32)
             bp, out = pack(b, nr), np.empty(m * n, np.float32)
             gemm(a.reshape(-1), bp, out, m, n, k, tm)
