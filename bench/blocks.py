@@ -103,8 +103,8 @@ def _rms_norm(b: Builder, x: str, gain: str, eps: str, rows: Mapping[str, int], 
     full = {**rows, "D": d}
     sq = b.op("scale", [x, x], {"factor_axes": list(full), **ACC}, full)
     ms = b.op("reduce@2", [sq], {"axis": "D", "mode": "mean", **ACC}, rows)
-    bcast = b.op("broadcast", [eps], {"output_axes": list(rows), "output_sizes": list(rows.values())}, rows)
-    inv = b.op("scalar-map@2", [b.op("add", [ms, bcast], dict(ACC), rows)], {"mode": "rsqrt", **ACC}, rows)
+    inv = b.op("scalar-map@2", [b.op("add", [ms, _broadcast(b, eps, rows)], dict(ACC), rows)],
+               {"mode": "rsqrt", **ACC}, rows)
     normed = b.op("scale", [x, inv], {"factor_axes": list(rows), **ACC}, full)
     return b.op("scale", [normed, gain], {"factor_axes": ["D"], **ACC}, full)
 
@@ -308,25 +308,24 @@ def numpy_fn(case: BlockCase, v: Values, dtype=None) -> Fn:
     bsz, s, d, h, dh = z["B"], z["S"], z["D"], z["H"], z["Dh"]
     wqkv = np.concatenate([w[n].reshape(h * dh, d) for n in ("wq", "wk", "wv")]).T.copy()
     wot, w1t, w2t = w["wo"].reshape(d, h * dh).T.copy(), w["w1"].T.copy(), w["w2"].T.copy()
-    if case.kind == "biased":
-        bqkv = np.concatenate([w[n].reshape(h * dh) for n in ("bq", "bk", "bv")])
+    biased = case.kind == "biased"
+    if biased:
+        w["bqkv"] = np.concatenate([w[n].reshape(h * dh) for n in ("bq", "bk", "bv")])
 
-        def run_biased():
-            x = w["embedding"][i["ids"]]
-            qkv = (_layer_norm_np(x, w["ln1_gain"], w["ln1_bias"], i["epsilon"]) @ wqkv + bqkv).reshape(bsz, s, 3, h, dh)
-            att = _attention_np(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], i["causal_mask"])
-            x2 = x + (att.reshape(bsz, s, h * dh) @ wot + w["bo"])
-            hid = _gelu_np(_layer_norm_np(x2, w["ln2_gain"], w["ln2_bias"], i["epsilon"]) @ w1t + w["b1"])
-            return x2 + (hid @ w2t + w["b2"])
+    def norm(x, k):  # layer k's norm: RMS, or for the biased block a layer norm with a bias
+        if biased:
+            return _layer_norm_np(x, w[f"ln{k}_gain"], w[f"ln{k}_bias"], i["epsilon"])
+        return _rms_np(x, w[f"norm{k}_gain"], i["epsilon"])
 
-        return run_biased
+    def bias(y, name):
+        return y + w[name] if biased else y
 
     def run():
         x = w["embedding"][i["ids"]]
-        qkv = (_rms_np(x, w["norm1_gain"], i["epsilon"]) @ wqkv).reshape(bsz, s, 3, h, dh)
+        qkv = bias(norm(x, 1) @ wqkv, "bqkv").reshape(bsz, s, 3, h, dh)
         att = _attention_np(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], i["causal_mask"])
-        x2 = x + att.reshape(bsz, s, h * dh) @ wot
-        return x2 + _gelu_np(_rms_np(x2, w["norm2_gain"], i["epsilon"]) @ w1t) @ w2t
+        x2 = x + bias(att.reshape(bsz, s, h * dh) @ wot, "bo")
+        return x2 + bias(_gelu_np(bias(norm(x2, 2) @ w1t, "b1")) @ w2t, "b2")
 
     return run
 
@@ -396,25 +395,9 @@ def onnx_model(case: BlockCase, v: Values):
     elif case.kind == "gated":
         inputs, out = _onnx_gated(z, v, node, init, rms)
         out_shape = ["T", z["D"]]
-    elif case.kind == "biased":
-        inputs, out = _onnx_biased(z, v, fdt, node, init, heads, attention, gelu)
-        out_shape = ["B", "S", z["D"]]
     else:
-        d, h, dh = z["D"], z["H"], z["Dh"]
-        w = v["banks"]
-        inputs = [helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "S"]),
-                  helper.make_tensor_value_info("causal_mask", TensorProto.BOOL, ["S", "S"]),
-                  helper.make_tensor_value_info("epsilon", fdt, [])]
-        x = node("Gather", [init("embedding", w["embedding"]), "ids"], "x", axis=0)
-        hn = rms(x, w["norm1_gain"], "n1")
-        q, k, v_ = (heads(node("MatMul", [hn, init(f"{n}t", w[n].reshape(h * dh, d).T)], f"{n}_p"), n)
-                    for n in ("wq", "wk", "wv"))
-        att = node("Transpose", [attention(q, k, v_, "causal_mask", "a")], "att_t", perm=[0, 2, 1, 3])
-        att = node("Reshape", [att, init("att_shape", np.array([0, 0, h * dh], dtype=np.int64))], "att")
-        x2 = node("Add", [x, node("MatMul", [att, init("wot", w["wo"].reshape(d, h * dh).T)], "o")], "x2")
-        hid = gelu(node("MatMul", [rms(x2, w["norm2_gain"], "n2"), init("w1t", w["w1"].T)], "h1"), "g")
-        out = node("Add", [x2, node("MatMul", [hid, init("w2t", w["w2"].T)], "down")], "out")
-        out_shape = ["B", "S", d]
+        inputs, out = _onnx_block(case, v, fdt, node, init, heads, attention, gelu, rms)
+        out_shape = ["B", "S", z["D"]]
     graph = helper.make_graph(nodes, f"formula_bench_{case.kind}", inputs,
                               [helper.make_tensor_value_info(out, fdt, out_shape)], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
@@ -424,33 +407,37 @@ def onnx_model(case: BlockCase, v: Values):
     return model
 
 
-def _onnx_biased(z, v: Values, fdt, node, init, heads, attention, gelu):
-    """The biased block as ONNX nodes: LayerNormalization (opset 17, as PyTorch exports it),
-    MatMul then Add of each bias (ORT fuses them)."""
+def _onnx_block(case: BlockCase, v: Values, fdt, node, init, heads, attention, gelu, rms):
+    """The block as ONNX nodes; the biased one with LayerNormalization (opset 17, as PyTorch
+    exports it) and MatMul then Add of each bias (ORT fuses them), taking epsilon as an attribute."""
     from onnx import TensorProto, helper
 
+    z, w, biased = case.sizes, v["banks"], case.kind == "biased"
     d, h, dh = z["D"], z["H"], z["Dh"]
-    w = v["banks"]
-    eps = float(v["inputs"]["epsilon"])
     inputs = [helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "S"]),
               helper.make_tensor_value_info("causal_mask", TensorProto.BOOL, ["S", "S"])]
+    if not biased:
+        inputs.append(helper.make_tensor_value_info("epsilon", fdt, []))
 
-    def ln(x, n):
-        return node("LayerNormalization", [x, init(f"{n}_g", w[f"{n}_gain"]), init(f"{n}_b", w[f"{n}_bias"])],
-                    f"{n}_o", axis=-1, epsilon=eps)
+    def norm(x, k):
+        if not biased:
+            return rms(x, w[f"norm{k}_gain"], f"n{k}")
+        return node("LayerNormalization", [x, init(f"ln{k}_g", w[f"ln{k}_gain"]), init(f"ln{k}_b", w[f"ln{k}_bias"])],
+                    f"ln{k}_o", axis=-1, epsilon=float(v["inputs"]["epsilon"]))
 
-    def linear(x, weight, bias, tag):
-        return node("Add", [node("MatMul", [x, init(f"{tag}_wt", weight.T)], f"{tag}_m"), init(f"{tag}_b", bias)], tag)
+    def linear(x, weight, bias, tag):  # weight [out, in], stored transposed
+        y = node("MatMul", [x, init(f"{tag}_wt", weight.T)], f"{tag}_m")
+        return node("Add", [y, init(f"{tag}_b", bias)], tag) if biased else y
 
     x = node("Gather", [init("embedding", w["embedding"]), "ids"], "x", axis=0)
-    hn = ln(x, "ln1")
-    q, k, v_ = (heads(linear(hn, w[n].reshape(h * dh, d), w["b" + n[1]].reshape(h * dh), f"{n}_p"), n)
+    hn = norm(x, 1)
+    q, k, v_ = (heads(linear(hn, w[n].reshape(h * dh, d), biased and w["b" + n[1]].reshape(h * dh), f"{n}_p"), n)
                 for n in ("wq", "wk", "wv"))
     att = node("Transpose", [attention(q, k, v_, "causal_mask", "a")], "att_t", perm=[0, 2, 1, 3])
     att = node("Reshape", [att, init("att_shape", np.array([0, 0, h * dh], dtype=np.int64))], "att")
-    x2 = node("Add", [x, linear(att, w["wo"].reshape(d, h * dh), w["bo"], "o")], "x2")
-    hid = gelu(linear(ln(x2, "ln2"), w["w1"], w["b1"], "h1"), "g")
-    return inputs, node("Add", [x2, linear(hid, w["w2"], w["b2"], "down")], "out")
+    x2 = node("Add", [x, linear(att, w["wo"].reshape(d, h * dh), biased and w["bo"], "o")], "x2")
+    hid = gelu(linear(norm(x2, 2), w["w1"], biased and w["b1"], "h1"), "g")
+    return inputs, node("Add", [x2, linear(hid, w["w2"], biased and w["b2"], "down")], "out")
 
 
 def _onnx_gated(z, v: Values, node, init, rms):
@@ -596,7 +583,7 @@ def torch_fn(case: BlockCase, v: Values) -> Fn:
     elif case.kind == "attention":
         def compute():
             return attention(t["q"], t["k"], t["v"], t["causal_mask"])
-    elif case.kind == "biased":
+    elif case.kind == "biased":  # as a PyTorch user writes GPT-2's block (nn.LayerNorm, nn.Linear)
         z = case.sizes
         bsz, s, d, h, dh = z["B"], z["S"], z["D"], z["H"], z["Dh"]
         wqkv = torch.cat([t[n].reshape(h * dh, d) for n in ("wq", "wk", "wv")])

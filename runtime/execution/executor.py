@@ -145,20 +145,16 @@ class CompiledPlan:
                 driver.compile(values)
             self._driver = driver
         except Exception as exc:  # (kernels launched from Python are as right: a driver is only faster)
-            self.driver_error = exc
-            logging.getLogger("runtime.compile").warning("the compiled driver of a plan failed to build; its "
-                                                         "kernels are launched from Python: %s: %s",
-                                                         type(exc).__name__, exc)
+            self.drop_driver(exc, "failed to build")
         self._driver_built = True
 
-    def drop_driver(self, exc: Exception) -> None:
-        """Launch from Python from now on: compiled code could not take a run's values (kept
-        as :attr:`driver_error`, logged)."""
+    def drop_driver(self, exc: Exception, what: str = "could not take a run's values") -> None:
+        """Launch from Python from now on: the compiled driver ``what`` (the error kept as
+        :attr:`driver_error`, and logged)."""
         self.driver_error = exc
         self._driver = None
-        logging.getLogger("runtime.compile").warning("a compiled driver could not take a run's values; its "
-                                                     "plan's kernels are launched from Python: %s: %s",
-                                                     type(exc).__name__, exc)
+        logging.getLogger("runtime.compile").warning("a plan's compiled driver %s; its kernels are launched "
+                                                     "from Python: %s: %s", what, type(exc).__name__, exc)
 
     def wait_driver(self, timeout: float | None = None) -> bool:
         """Wait for the drivers building in the background; True when none is left."""

@@ -375,7 +375,6 @@ class AttentionKernel:
         return (self.parallel() if self.is_parallel(work, tasks) else self.serial)(*args)
 
 
-
 def flat(x: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
     """(a 1-D view of the memory ``x`` spans, ``x``'s element strides): copies only an array
     with a negative or unaligned stride."""
