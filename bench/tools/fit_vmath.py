@@ -15,7 +15,9 @@ The float32 gelu's fits (``erf32_small``, ``erfc32``) round each monomial coeffi
 float32 in turn and refit the later ones to what is left (plain rounding of a float64 fit
 cost up to 4 ulp where the small polynomial's terms cancel):
 - erf on |t| < 0.75: ``erf(t) = t + t·P(t²)``, P of degree 5;
-- erfcx on [0.75, 2.5], [2.5, 4.5], [4.5, 10.2]: degree 10 in the piece's [-1, 1] coordinate.
+- erfcx on [0.75, 10.2] as ``w·G(w)``, w = 1/(1 + |t|): G of degree 9 in w's [-1, 1]
+  coordinate (one piece: erfcx(a)/w is smooth in w from a = 0.75 to a = ∞), fitted to
+  relative error.
 """
 from __future__ import annotations
 
@@ -57,17 +59,17 @@ def erf_large() -> tuple[tuple[float, ...], ...]:
     return tuple(out)
 
 
-GELU32_SMALL = 0.75
-ERFC32_INTERVALS = ((0.75, 2.5), (2.5, 4.5), (4.5, 10.2))
+GELU32_SMALL, GELU32_FAR = 0.75, 10.2
 
 
-def _fit_float32(x: np.ndarray, y: np.ndarray, deg: int) -> tuple[float, ...]:
+def _fit_float32(x: np.ndarray, y: np.ndarray, deg: int, weight: np.ndarray | None = None) -> tuple[float, ...]:
     """Monomial coefficients in x (constant first), each rounded to float32 before the later
-    ones are refitted to the residual."""
+    ones are refitted to the residual (weighted least squares when ``weight`` is given)."""
     residual, out = y.copy(), []
+    w = np.ones_like(y) if weight is None else weight
     for k in range(deg + 1):
         basis = np.stack([x ** j for j in range(k, deg + 1)], 1)
-        coef, *_ = np.linalg.lstsq(basis, residual, rcond=None)
+        coef, *_ = np.linalg.lstsq(basis * w[:, None], residual * w, rcond=None)
         out.append(float(np.float32(coef[0])))
         residual = residual - out[-1] * x ** k
     return tuple(out)
@@ -81,14 +83,16 @@ def erf32_small() -> tuple[float, ...]:
     return _fit_float32(s, erf(r) / r - 1.0, 5)
 
 
-def erfc32() -> tuple[tuple[float, ...], ...]:
+def erfcx32() -> tuple[float, float, tuple[float, ...]]:
+    """(centre, scale, coefficients): erfcx(a) = w·G((w − centre)·scale), w = 1/(1 + a), on
+    [GELU32_SMALL, GELU32_FAR]."""
     from scipy.special import erfcx
 
-    out = []
-    for lo, hi in ERFC32_INTERVALS:
-        x = _nodes(lo, hi)
-        out.append(_fit_float32((x - (lo + hi) / 2) * (2 / (hi - lo)), erfcx(x), 10))
-    return tuple(out)
+    lo, hi = 1 / (1 + GELU32_FAR), 1 / (1 + GELU32_SMALL)
+    w = _nodes(lo, hi)
+    y = erfcx(1 / w - 1) / w
+    centre, scale = (lo + hi) / 2, 2 / (hi - lo)
+    return centre, scale, _fit_float32((w - centre) * scale, y, 9, 1 / y)
 
 
 def tanh_small() -> tuple[float, ...]:
@@ -107,5 +111,4 @@ if __name__ == "__main__":
     print("ERFC =", erf_large())
     print("TANH_SMALL =", tanh_small())
     print("ERF32_SMALL =", erf32_small())
-    print("ERFC32_INTERVALS =", ERFC32_INTERVALS)
-    print("ERFC32 =", erfc32())
+    print("ERFCX32 =", erfcx32())

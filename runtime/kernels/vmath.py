@@ -26,9 +26,11 @@ rounded, within 1 ulp. ±0 keeps its sign; NaN stays NaN; erf(±inf) = ±1, tanh
 :func:`vgelu` is the exact gelu (scalar-map's expression, :data:`GELU_EXPR`). Its float32
 form computes in float32 (twice the lanes of the float64 chain that the expression's float64
 literals would otherwise start) and takes ½x·erfc(|t|) for the negative tail instead of
-½x·(1 + erf(t)), which cancels there even in float64: measured within 5 ulp of x·Φ(x) over
-sampled float32 bit patterns, subnormal results included, and within 1.5 ulp for |x| < 1.06.
-float64 arguments keep the formula with :func:`verf`.
+½x·(1 + erf(t)), which cancels there even in float64, and evaluates erfcx as one polynomial
+in 1/(1 + |t|) (no per-piece coefficient selects): measured within 4.4 ulp of x·Φ(x) over
+every float32 in [-15.5, -1] (the negative tail, subnormal results included), within 1.5
+ulp for |x| < 1 and 1.3 ulp for x in [1, 10] (every float32 of each range). float64 arguments keep the formula with
+:func:`verf`.
 
 :func:`vlog` and :func:`vlog1p` are fdlibm's log (the mantissa's log by a degree-14 odd
 series in s = f/(2 + f), the exponent times ln 2 in two parts), log1p adding the rounding
@@ -55,7 +57,7 @@ from numba.extending import intrinsic, overload
 
 # Part of every generated source that uses it: a change here must change their text, so
 # Numba's disk cache (keyed by the generated file) never serves kernels built on the old code.
-VERSION = 6
+VERSION = 7
 IMPORT = (f"from runtime.kernels.vmath import vexp as _vexp, verf as _verf, vtanh as _vtanh, "
           f"vgelu as _vgelu  # vmath v{VERSION}")
 # log and log1p came later: their own import line, only in the sources that call them, so
@@ -389,21 +391,15 @@ _GELU_CALL = re.compile(re.escape(GELU_EXPR).replace(re.escape("{0}"), r"([A-Za-
                         .replace(re.escape("{0}"), r"\1"))
 
 # bench/tools/fit_vmath.py (float32 coefficients): erf(t) = t + t·P(t²) on |t| < 0.75 (degree
-# 5), and erfcx on [0.75, 2.5], [2.5, 4.5], [4.5, 10.2] (degree 10 in the piece's [-1, 1])
+# 5), and erfcx(a) = w·G(u) on [0.75, 10.2], w = 1/(1 + a), u = (w − centre)·scale (degree 9)
 _ERF32_SMALL = (
     0.12837916612625122, -0.376126229763031, 0.11283428221940994, -0.02683696523308754,
     0.005118804518133402, -0.0006779764662496746)
-_ERFC32 = (
-    (0.30226120352745056, -0.12777647376060486, 0.049736712127923965, -0.018072795122861862,
-     0.006190192885696888, -0.0020153478253632784, 0.0006275062914937735, -0.0001829765533329919,
-     5.1017446821788326e-05, -1.8048684069071896e-05, 5.3752391977468506e-06),
-    (0.15529365837574005, -0.04132357984781265, 0.010661077685654163, -0.002673052717000246,
-     0.0006529969396069646, -0.0001555455382913351, 3.547426967998035e-05, -8.120768143271562e-06,
-     2.5384806576767005e-06, -4.81057384149608e-07, -1.618410578885232e-07),
-    (0.07606890797615051, -0.02897380292415619, 0.010941325686872005, -0.0040968977846205235,
-     0.0015217523323372006, -0.0005627389182336628, 0.000205612086574547, -6.99345109751448e-05,
-     2.5271794584114105e-05, -1.3714431588596199e-05, 4.843504484597361e-06))
-# |t| below the first: the odd polynomial; beyond the second, erfc < 2⁻¹⁵⁰: gelu is x or -0.0
+_ERFCX32 = (
+    0.7644439339637756, 0.14136511087417603, -0.014139094389975071, -0.006287676747888327,
+    0.0017441925592720509, 0.00017625547479838133, -0.0002079998521367088, 4.0829261706676334e-05,
+    1.2899757166451309e-05, -7.56781537347706e-06)
+_ERFCX32_CENTRE, _ERFCX32_SCALE = 0.33035714285714285, 4.148148148148149
 _GELU32_SMALL, _GELU32_FAR = 0.75, 10.2
 
 
@@ -427,19 +423,14 @@ def vgelu(x):
 
 
 @njit(inline="always", error_model="numpy")
-def _erfc32_coef(m1, m2, i):
-    """Coefficient ``i`` of the erfcx piece that ``m1``, ``m2`` select (a constant index:
-    inlined, it folds to three constants and two selects)."""
-    return _pick(m1, m2, np.float32(_ERFC32[0][i]), np.float32(_ERFC32[1][i]), np.float32(_ERFC32[2][i]))
-
-
-@njit(inline="always", error_model="numpy")
 def _gelu32(x):
     """x·Φ(x) = ½x·(1 + erf(t)), t = x/√2, all in float32. |t| < 0.75: erf by its odd
-    polynomial. Beyond, erfc(|t|) = exp(−t²)·G(|t|): x − ½x·erfc for x > 0, ½x·erfc for x < 0
-    (never 1 + erf, whose cancellation would lose the negative tail), with t carried as
-    th + tl, t² as sh + sl (exact square by FMA) and exp(−sh) kept as q·2^k1·2^k2, so the tail
-    is rounded once, down to subnormal results."""
+    polynomial. Beyond, erfc(|t|) = exp(−t²)·erfcx(|t|): x − ½x·erfc for x > 0, ½x·erfc for
+    x < 0 (never 1 + erf, whose cancellation would lose the negative tail). erfcx is one
+    polynomial in w = 1/(1 + |t|), corrected to first order (erfcx' = 2a·erfcx − 2/√π) for
+    the rounding of w and of |t| (t is carried as th + tl); t² is sh + sl (exact square by
+    FMA), exp(−sh − sl) kept as q·2^k1·2^k2 so that the tail is rounded once, down to
+    subnormal results."""
     one, h = np.float32(1.0), np.float32(0.5) * x
     th = x * np.float32(0.70710677)
     tl = _fma32(x, np.float32(0.70710677), -th) + x * np.float32(1.2101617e-08)
@@ -453,26 +444,39 @@ def _gelu32(x):
     small = _fma32(h, one + th, h * _fma32(th, p, tl))  # ½x·(1 + t) + ½x·(t·P + tl)
     small = small if small != np.float32(0.0) else h  # x = -2⁻¹⁴⁹: -0.0, as the formula
     ac = min(max(a, np.float32(_GELU32_SMALL)), np.float32(_GELU32_FAR))  # keeps the unused branch finite
-    m1, m2 = ac < np.float32(2.5), ac < np.float32(4.5)
-    u = (ac - _pick(m1, m2, np.float32(1.625), np.float32(3.5), np.float32(7.35))) * \
-        _pick(m1, m2, np.float32(1.0 / 0.875), np.float32(1.0), np.float32(1.0 / 2.85))
-    g = _erfc32_coef(m1, m2, 10)
-    g = _fma32(g, u, _erfc32_coef(m1, m2, 9))
-    g = _fma32(g, u, _erfc32_coef(m1, m2, 8))
-    g = _fma32(g, u, _erfc32_coef(m1, m2, 7))
-    g = _fma32(g, u, _erfc32_coef(m1, m2, 6))
-    g = _fma32(g, u, _erfc32_coef(m1, m2, 5))
-    g = _fma32(g, u, _erfc32_coef(m1, m2, 4))
-    g = _fma32(g, u, _erfc32_coef(m1, m2, 3))
-    g = _fma32(g, u, _erfc32_coef(m1, m2, 2))
-    g = _fma32(g, u, _erfc32_coef(m1, m2, 1))
-    g = _fma32(g, u, _erfc32_coef(m1, m2, 0))
+    d = ac + one
+    w = one / d
+    u = _fma32(w, np.float32(_ERFCX32_SCALE), np.float32(-_ERFCX32_CENTRE * _ERFCX32_SCALE))
+    g = np.float32(_ERFCX32[9])
+    g = _fma32(g, u, _ERFCX32[8])
+    g = _fma32(g, u, _ERFCX32[7])
+    g = _fma32(g, u, _ERFCX32[6])
+    g = _fma32(g, u, _ERFCX32[5])
+    g = _fma32(g, u, _ERFCX32[4])
+    g = _fma32(g, u, _ERFCX32[3])
+    g = _fma32(g, u, _ERFCX32[2])
+    g = _fma32(g, u, _ERFCX32[1])
+    g = _fma32(g, u, _ERFCX32[0])
+    g = g * w  # erfcx(1/w − 1)
     tla = tl if th >= np.float32(0.0) else -tl  # |t| = ac + tla
+    e = _fma32(-w, d, one) - w * (ac + (one - d))  # 1 − w·(1 + ac), exactly: w's rounding
+    g = g - _fma32(np.float32(2.0) * ac, g, np.float32(-1.1283792)) * (e * d - tla)
     sh = ac * ac
     sl = _fma32(ac, ac, -sh) + np.float32(2.0) * ac * tla
-    q, k = _exp32_reduced(-sh)  # sh <= 104.04: k >= -150, so 2^k1 and 2^k2 are normal
+    n = np.floor(sh * np.float32(-1.442695) + np.float32(0.5))  # exp(−sh − sl) = q·2^n
+    r = _fma32(n, np.float32(-0.693359375), -sh)  # (ln 2 in two parts)
+    r = _fma32(n, np.float32(2.12194440e-4), r) - sl
+    q = np.float32(1.0 / 5040)
+    q = _fma32(q, r, np.float32(1.0 / 720))
+    q = _fma32(q, r, np.float32(1.0 / 120))
+    q = _fma32(q, r, np.float32(1.0 / 24))
+    q = _fma32(q, r, np.float32(1.0 / 6))
+    q = _fma32(q, r, np.float32(0.5))
+    q = _fma32(q, r, one)
+    q = _fma32(q, r, one)
+    k = np.int32(n)  # sh <= 104.04: k >= -150, so 2^k1 and 2^k2 are normal
     k1 = k >> 1
-    scaled = q * _pow2_32(k1) * (g - g * sl)  # erfc(|t|) / 2^k2
+    scaled = q * _pow2_32(k1) * g  # erfc(|t|) / 2^k2
     e2 = _pow2_32(k - k1)
     tail = (x - h * (scaled * e2)) if x > np.float32(0.0) else (h * scaled) * e2
     far = (x if x > np.float32(0.0) else h * np.float32(0.0))  # -inf: NaN, as the formula
