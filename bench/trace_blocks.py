@@ -1,7 +1,8 @@
 """Where a general program's time goes on the cpu backend: per kernel group (``trace=True``),
-medians over repeated runs, largest first, with each group's share of their sum.
+medians over repeated runs, largest first, with each group's share of their sum. ``--noisy``
+traces each case again under bench/run.py's noisy neighbour and adds each group's slowdown.
 
-    python bench/trace_blocks.py B1-S2048 attention-B4-H8-S512 --reps 5
+    python bench/trace_blocks.py B1-S2048 attention-B4-H8-S512 --reps 5 [--noisy]
 """
 from __future__ import annotations
 
@@ -40,14 +41,29 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("cases", nargs="+", help=f"of: {', '.join(c.name for c in blocks.cases())}")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--noisy", action="store_true", help="trace again beside a CPU-bound process on one core")
     args = p.parse_args(argv)
     for name in args.cases:
         rows = trace(name, args.reps)
         total = sum(ms for _, ms in rows)
-        print(f"{name}: {len(rows)} kernel groups, {total:.1f} ms in all")
+        noisy = dict(_noisy_trace(name, args.reps)) if args.noisy else {}
+        print(f"{name}: {len(rows)} kernel groups, {total:.1f} ms in all"
+              + (f"; {sum(noisy.values()):.1f} ms beside the neighbour" if noisy else ""))
         for group, ms in rows:
-            print(f"  {ms:9.2f} ms {100 * ms / total:5.1f} %  {group}")
+            slower = f" {noisy[group]:9.2f} ms {noisy[group] / ms:5.2f}x" if group in noisy else ""
+            print(f"  {ms:9.2f} ms {100 * ms / total:5.1f} %{slower}  {group}")
     return 0
+
+
+def _noisy_trace(case_name: str, reps: int) -> list[tuple[str, float]]:
+    from bench.run import start_neighbour
+
+    neighbour = start_neighbour()
+    try:
+        return trace(case_name, reps)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
 
 
 if __name__ == "__main__":

@@ -56,6 +56,9 @@ class Backend:
     def synchronize(self) -> None:
         pass
 
+    def entering_run(self) -> None:
+        """Called on the thread that runs a plan, before its kernels, on every run."""
+
     def prepare(self, float_dtypes: set[str]) -> None:
         """Build what runs with float bindings of these dtypes use besides the plan's kernels
         (called when a plan is built, so in the background for tiered runs): the compiled

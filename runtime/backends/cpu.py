@@ -7,6 +7,12 @@ from runtime.backends.host import HostBackend
 class CpuBackend(HostBackend):
     name = "cpu"
     fuses = True
+
+    def entering_run(self) -> None:
+        from runtime.kernels import threads  # (imports numba: not at import time)
+
+        threads.on_run()  # pins Numba's worker threads after a few runs
+
     def elementwise_kernel(self, request):
         from runtime.backends.cpu_codegen import elementwise_kernel
 

@@ -716,6 +716,7 @@ class Executable:
     def _execute(self, compiled: CompiledPlan, bound, arena: dict[str, Any], trace: bool,
                  given: dict[str, Any], raw: tuple[Any, Any]) -> Result:
         backend = self.backend
+        backend.entering_run()
         plan = compiled.plan
         host_results = backend.device_memory and _host_values(bound)
         values: dict[str, Any] = dict(bound.values) if not backend.device_memory else \

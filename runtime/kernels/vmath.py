@@ -29,7 +29,8 @@ literals would otherwise start) and takes ½x·erfc(|t|) for the negative tail i
 ½x·(1 + erf(t)), which cancels there even in float64, and evaluates erfcx as one polynomial
 in 1/(1 + |t|) (no per-piece coefficient selects): measured within 4.4 ulp of x·Φ(x) over
 every float32 in [-15.5, -1] (the negative tail, subnormal results included), within 1.5
-ulp for |x| < 1 and 1.3 ulp for x in [1, 10] (every float32 of each range). float64 arguments keep the formula with
+ulp for 10⁻³⁰ ≤ |x| < 1 and 1.3 ulp for x in [1, 10] (every float32 of each range:
+bench/tools/gelu_ulp.py). float64 arguments keep the formula with
 :func:`verf`.
 
 :func:`vlog` and :func:`vlog1p` are fdlibm's log (the mantissa's log by a degree-14 odd
