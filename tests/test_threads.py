@@ -51,23 +51,20 @@ def _single_cpu_threads(report: dict) -> list[int]:
     return [int(t) for t, cpus in report["threads"].items() if len(cpus) == 1]
 
 
-def test_workers_are_pinned_one_per_cpu_by_default_when_they_fill_the_cpus():
-    report = _child(3)  # auto: 2 threads on 2 CPUs
+def test_workers_are_pinned_one_per_cpu_when_asked():
+    report = _child(3, FORMULA_PIN_THREADS="1")
     assert report["pinned"] is True
     pinned = _single_cpu_threads(report)
     assert len(pinned) == 1 and report["threads"][str(pinned[0])] == [sorted(report["main"])[1]]
     assert len(report["main"]) == 2  # the calling thread stays free
 
 
-def test_no_pinning_before_the_third_run_nor_when_switched_off():
-    assert _single_cpu_threads(_child(2)) == []
-    off = _child(3, FORMULA_PIN_THREADS="0")
-    assert off["pinned"] is False and _single_cpu_threads(off) == []
-
-
-def test_auto_leaves_a_process_with_fewer_threads_than_cpus_to_the_scheduler():
-    report = _child(3, NUMBA_NUM_THREADS="1")
-    assert report["pinned"] is False and _single_cpu_threads(report) == []
+def test_no_pinning_by_default_before_the_third_run_nor_with_one_thread():
+    default = _child(3)
+    assert default["pinned"] is False and _single_cpu_threads(default) == []
+    assert _single_cpu_threads(_child(2, FORMULA_PIN_THREADS="1")) == []
+    one = _child(3, FORMULA_PIN_THREADS="1", NUMBA_NUM_THREADS="1")
+    assert one["pinned"] is False and _single_cpu_threads(one) == []
 
 
 def test_an_unknown_setting_pins_nothing_and_says_so(caplog):

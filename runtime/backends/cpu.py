@@ -11,7 +11,7 @@ class CpuBackend(HostBackend):
     def entering_run(self) -> None:
         from runtime.kernels import threads  # (imports numba: not at import time)
 
-        threads.on_run()  # pins Numba's worker threads after a few runs
+        threads.on_run()  # pins Numba's worker threads after a few runs, if asked to
 
     def elementwise_kernel(self, request):
         from runtime.backends.cpu_codegen import elementwise_kernel

@@ -1,19 +1,18 @@
-"""Numba's worker threads pinned one per core, as ONNX Runtime pins its intra-op threads by
-default: the calling thread stays free, worker ``t`` is bound to the ``t``-th CPU of the
-process's affinity mask.
+"""Numba's worker threads pinned one per CPU, as ONNX Runtime pins its intra-op threads by
+default, when ``FORMULA_PIN_THREADS=1``: the calling thread stays free, worker ``t`` is bound
+to the ``t``-th CPU of the process's affinity mask.
 
 Why: on a machine whose cores the process fills, a busy core (a noisy neighbour) leaves
 three runnable threads on two cores, and the scheduler has no better placement to move to
 once two of them share a core: unpinned, both of ours sometimes share one while the
 neighbour has the other to itself, which halves our speed for the whole run; pinned, one of
-ours always has a core alone (docs/performance.md, noisy neighbour).
+ours always has a core alone. Off by default: in the benchmark harness's quiet seed runs,
+pinned threads sometimes ran 1.6× slower, for a reason not found yet (docs/performance.md).
 
-``FORMULA_PIN_THREADS``: ``auto`` (the default) pins when Numba's thread count equals the
-number of CPUs the process may use (it is meant to fill them; a process given fewer threads
-may share the machine with others and is left to the scheduler); ``1`` pins whenever there
-is more than one thread; ``0`` never pins. Only Linux, and only Numba's ``omp`` and
-``workqueue`` layers, whose worker threads persist (OpenMP keeps one team per calling
-thread, so each thread that runs kernels pins its own team, once).
+``FORMULA_PIN_THREADS``: ``0`` (the default) or ``1`` (pin when Numba has more than one
+thread). Only Linux, and only Numba's ``omp`` and ``workqueue`` layers, whose worker threads
+persist (OpenMP keeps one team per calling thread, so each thread that runs kernels pins its
+own team, once).
 """
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ from numba.extending import intrinsic
 log = logging.getLogger(__name__)
 
 ENV = "FORMULA_PIN_THREADS"
-_CHOICES = ("auto", "1", "0")
+_CHOICES = ("0", "1")
 # Runs of a thread before it pins its team: by then the team exists and the helper below
 # loads from the cache in milliseconds (a one-shot run never waits for it).
 PIN_AFTER_RUNS = 3
@@ -55,7 +54,7 @@ def _team_tids(out):
 
 def setting() -> str:
     """``FORMULA_PIN_THREADS``, checked (an unknown value pins nothing, with a warning)."""
-    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    value = os.environ.get(ENV, "0").strip() or "0"
     if value not in _CHOICES:
         log.warning("%s=%r is not one of %s: threads are not pinned", ENV, value, ", ".join(_CHOICES))
         return "0"
@@ -75,12 +74,11 @@ def pin_workers() -> bool:
     if getattr(_done, "pinned", None) is not None:
         return _done.pinned
     _done.pinned = False
-    mode = setting()
-    if mode == "0" or not hasattr(os, "sched_setaffinity"):
+    if setting() == "0" or not hasattr(os, "sched_setaffinity"):
         return False
     cores = sorted(os.sched_getaffinity(0))
     threads = get_num_threads()
-    if threads < 2 or (mode == "auto" and threads != len(cores)):
+    if threads < 2:
         return False
     try:
         tids = _worker_tids(threads)
