@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 from llvmlite import ir
-from numba import get_num_threads, get_thread_id, njit, prange, types
+from numba import get_num_threads, get_thread_id, njit, prange, threading_layer, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -82,9 +82,7 @@ def pin_workers() -> bool:
         return False
     try:
         tids = _worker_tids(threads)
-        import numba
-
-        if numba.threading_layer() not in ("omp", "workqueue"):
+        if threading_layer() not in ("omp", "workqueue"):
             return False
         for t, tid in enumerate(tids):
             if t > 0 and tid > 0:
@@ -93,7 +91,7 @@ def pin_workers() -> bool:
         log.info("Numba's worker threads are not pinned (%s: %s)", type(exc).__name__, exc)
         return False
     _done.pinned = True
-    log.debug("pinned Numba's worker threads %s to CPUs %s", tids[1:].tolist(), cores[1:threads])
+    log.debug("pinned Numba's worker threads %s, one per CPU of %s", tids[1:].tolist(), cores)
     return True
 
 
