@@ -7,7 +7,8 @@ three runnable threads on two cores, and the scheduler has no better placement t
 once two of them share a core: unpinned, both of ours sometimes share one while the
 neighbour has the other to itself, which halves our speed for the whole run; pinned, one of
 ours always has a core alone. Off by default: in the benchmark harness's quiet seed runs,
-pinned threads sometimes ran 1.6× slower, for a reason not found yet (docs/performance.md).
+pinned threads once ran 1.6× slower in three processes of six, and later ran a little slower
+in four alternating pairs of five, for a reason not found yet (docs/performance.md).
 
 ``FORMULA_PIN_THREADS``: ``0`` (the default) or ``1`` (pin when Numba has more than one
 thread). Only Linux, and only Numba's ``omp`` and ``workqueue`` layers, whose worker threads
