@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import attrs
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, every_axis
 from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, Counts, Kernel, KernelRequest, const_array, const_int,
@@ -340,11 +340,17 @@ EXTREME_LANES = 16
 EXTREME_CHUNK = 256
 
 
+@njit(inline="always")
+def _nan_max(m, v):
+    """``v`` when it is larger than ``m`` or NaN: a NaN, once taken, stays (as ``np.max``)."""
+    return v if (v > m or v != v) else m
+
+
 def _extreme_task(x, out, outer, k, inner, logsumexp, t, ntask):
     """Task ``t`` of ``ntask``: amax (or, with ``logsumexp``, m + log Σ exp(x − m)) of each
     column of flat C-order ``x`` ``[outer, k, inner]`` into ``out`` ``[outer, inner]``. A ±inf
-    maximum is already the logsumexp (SPEC's shift by 0 gives the same), NaN stays NaN: every
-    update takes ``v`` when ``v > m`` or ``v`` is NaN, and a NaN ``m`` is never replaced.
+    maximum is already the logsumexp (SPEC's shift by 0 gives the same), NaN stays NaN (every
+    update takes :func:`_nan_max`'s choice).
     Unsigned indices: no negative-index wraparound in the loops, which then vectorise."""
     ncol = outer * inner
     uk, lanes = np.uint64(k), np.uint64(EXTREME_LANES)
@@ -361,19 +367,15 @@ def _extreme_task(x, out, outer, k, inner, logsumexp, t, ntask):
                 j = lanes
                 while j + lanes <= uk:
                     xb = base + j
-                    for i in range(lanes):
+                    for i in range(lanes):  # (_nan_max spelled out: through it, this loop ran slower)
                         v, a = x[xb + i], acc[i]
                         acc[i] = v if (v > a or v != v) else a
                     j += lanes
                 m = acc[0]
                 for i in range(np.uint64(1), lanes):
-                    v = acc[i]
-                    if v > m or v != v:
-                        m = v
+                    m = _nan_max(m, acc[i])
             for i in range(j, uk):
-                v = x[base + i]
-                if v > m or v != v:
-                    m = v
+                m = _nan_max(m, x[base + i])
             if logsumexp and math.isfinite(m):
                 s = m - m  # 0 in the compute dtype
                 for i in range(uk):
@@ -393,7 +395,7 @@ def _extreme_task(x, out, outer, k, inner, logsumexp, t, ntask):
             out[c + i] = x[xb + i]
         for j in range(np.uint64(1), uk):
             xr = xb + j * uin
-            for i in range(n):
+            for i in range(n):  # (_nan_max spelled out, as above)
                 v, a = x[xr + i], out[c + i]
                 out[c + i] = v if (v > a or v != v) else a
         if logsumexp:

@@ -13,6 +13,7 @@ and recorded, per process, by bench/conftest.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,23 +64,31 @@ def start_neighbour() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", NEIGHBOUR, str(core)])
 
 
+@contextlib.contextmanager
+def neighbour(on: bool = True) -> Iterator[None]:
+    """The noisy neighbour running for the block's duration (nothing when ``on`` is false)."""
+    process = start_neighbour() if on else None
+    try:
+        yield
+    finally:
+        if process is not None:
+            process.kill()
+            process.wait()
+
+
 def run_contender(contender: str, files: list[str], workdir: Path, keyword: str | None,
                   quick: bool, extra: list[str], timeout: float, noisy: bool = False) -> dict[str, Any]:
     stem = contender.replace(",", "+")
     json_path, meta_path = workdir / f"{stem}.json", workdir / f"{stem}.meta.json"
     cmd = pytest_command(contender, files, json_path, meta_path, keyword, quick, extra)
     print(f"[bench] {contender}: {shlex.join(cmd)}{' (noisy neighbour)' if noisy else ''}", flush=True)
-    neighbour = start_neighbour() if noisy else None
     t = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-        returncode, stdout = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        returncode, stdout = "timeout", f"{exc}"
-    finally:
-        if neighbour is not None:
-            neighbour.kill()
-            neighbour.wait()
+    with neighbour(noisy):
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+            returncode, stdout = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            returncode, stdout = "timeout", f"{exc}"
     seconds = time.perf_counter() - t
     summary = [ln for ln in stdout.splitlines() if re.search(r"\d+ (passed|failed|skipped|deselected|error)", ln)]
     print(f"[bench] {contender}: rc={returncode} in {seconds:.1f}s: {(summary or [''])[-1].strip()}", flush=True)

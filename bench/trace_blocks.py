@@ -46,24 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.cases:
         rows = trace(name, args.reps)
         total = sum(ms for _, ms in rows)
-        noisy = dict(_noisy_trace(name, args.reps)) if args.noisy else {}
+        noisy = {}
+        if args.noisy:
+            from bench.run import neighbour
+
+            with neighbour():
+                noisy = dict(trace(name, args.reps))
         print(f"{name}: {len(rows)} kernel groups, {total:.1f} ms in all"
               + (f"; {sum(noisy.values()):.1f} ms beside the neighbour" if noisy else ""))
         for group, ms in rows:
             slower = f" {noisy[group]:9.2f} ms {noisy[group] / ms:5.2f}x" if group in noisy else ""
             print(f"  {ms:9.2f} ms {100 * ms / total:5.1f} %{slower}  {group}")
     return 0
-
-
-def _noisy_trace(case_name: str, reps: int) -> list[tuple[str, float]]:
-    from bench.run import start_neighbour
-
-    neighbour = start_neighbour()
-    try:
-        return trace(case_name, reps)
-    finally:
-        neighbour.kill()
-        neighbour.wait()
 
 
 if __name__ == "__main__":

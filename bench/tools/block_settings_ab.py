@@ -26,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from bench.run import start_neighbour  # noqa: E402
+from bench.run import neighbour  # noqa: E402
 
 CHILD = r"""
 import importlib.util, sys, time
@@ -82,9 +82,8 @@ def main() -> int:
         caches = Path(os.environ.get("FORMULA_CACHE_DIR") or Path(tempfile.gettempdir()) / "formula-ab")
         trees = [REPO, *(Path(t).resolve() for t in args.trees.split(","))]
         settings = {f"tree {t}": ({"FORMULA_CACHE_DIR": str(caches / f"tree{k}")}, t) for k, t in enumerate(trees)}
-    neighbour = start_neighbour() if args.noisy else None
     medians: dict[str, list] = {k: [] for k in settings}
-    try:
+    with neighbour(args.noisy):
         for _ in range(args.rounds):
             for name, (env, repo) in settings.items():
                 proc = subprocess.run([sys.executable, "-c", CHILD, args.case, str(args.reps), str(repo), str(REPO)],
@@ -92,10 +91,6 @@ def main() -> int:
                 out = proc.stdout.strip().splitlines()
                 medians[name].append(round(float(out[-1]) * 1e3, 2) if proc.returncode == 0 and out
                                      else proc.stderr.strip()[-200:])
-    finally:
-        if neighbour is not None:
-            neighbour.kill()
-            neighbour.wait()
     print(json.dumps({"case": args.case, "noisy": args.noisy, "median ms per round": medians}, indent=1))
     return 0
 

@@ -127,19 +127,25 @@ def _exp32(x):
     return res
 
 
+# float32 exp: ln 2 in two parts (Cody-Waite), and the Taylor coefficients 1/7! ... 1/0!
+# (|r| <= ln2 / 2 keeps the truncation below 1e-8 relative); the gelu's tail shares them
+_LN2_32 = (0.693359375, -2.12194440e-4)
+_EXP32_TAYLOR = (1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0)
+
+
 @njit(inline="always", error_model="numpy")
 def _exp32_reduced(x):
     """exp(x) = p · 2^k for a finite float32 x, with p in [√½, √2]."""
     n = np.floor(x * np.float32(1.442695) + np.float32(0.5))
-    r = (x - n * np.float32(0.693359375)) - n * np.float32(-2.12194440e-4)  # ln 2 in two parts
-    p = np.float32(1.0 / 5040)  # Taylor coefficients 1/7! ... 1/0!: |r| <= ln2 / 2 keeps the
-    p = p * r + np.float32(1.0 / 720)  # truncation below 1e-8 relative
-    p = p * r + np.float32(1.0 / 120)
-    p = p * r + np.float32(1.0 / 24)
-    p = p * r + np.float32(1.0 / 6)
-    p = p * r + np.float32(0.5)
-    p = p * r + np.float32(1.0)
-    p = p * r + np.float32(1.0)
+    r = (x - n * np.float32(_LN2_32[0])) - n * np.float32(_LN2_32[1])
+    p = np.float32(_EXP32_TAYLOR[0])
+    p = p * r + np.float32(_EXP32_TAYLOR[1])
+    p = p * r + np.float32(_EXP32_TAYLOR[2])
+    p = p * r + np.float32(_EXP32_TAYLOR[3])
+    p = p * r + np.float32(_EXP32_TAYLOR[4])
+    p = p * r + np.float32(_EXP32_TAYLOR[5])
+    p = p * r + np.float32(_EXP32_TAYLOR[6])
+    p = p * r + np.float32(_EXP32_TAYLOR[7])
     return p, np.int32(n)
 
 
@@ -464,17 +470,17 @@ def _gelu32(x):
     g = g - _fma32(np.float32(2.0) * ac, g, np.float32(-1.1283792)) * (e * d - tla)
     sh = ac * ac
     sl = _fma32(ac, ac, -sh) + np.float32(2.0) * ac * tla
-    n = np.floor(sh * np.float32(-1.442695) + np.float32(0.5))  # exp(−sh − sl) = q·2^n
-    r = _fma32(n, np.float32(-0.693359375), -sh)  # (ln 2 in two parts)
-    r = _fma32(n, np.float32(2.12194440e-4), r) - sl
-    q = np.float32(1.0 / 5040)
-    q = _fma32(q, r, np.float32(1.0 / 720))
-    q = _fma32(q, r, np.float32(1.0 / 120))
-    q = _fma32(q, r, np.float32(1.0 / 24))
-    q = _fma32(q, r, np.float32(1.0 / 6))
-    q = _fma32(q, r, np.float32(0.5))
-    q = _fma32(q, r, one)
-    q = _fma32(q, r, one)
+    n = np.floor(sh * np.float32(-1.442695) + np.float32(0.5))  # exp(−sh − sl) = q·2^n, as
+    r = _fma32(n, np.float32(-_LN2_32[0]), -sh)  # _exp32_reduced with sl in r and FMA steps
+    r = _fma32(n, np.float32(-_LN2_32[1]), r) - sl
+    q = np.float32(_EXP32_TAYLOR[0])
+    q = _fma32(q, r, _EXP32_TAYLOR[1])
+    q = _fma32(q, r, _EXP32_TAYLOR[2])
+    q = _fma32(q, r, _EXP32_TAYLOR[3])
+    q = _fma32(q, r, _EXP32_TAYLOR[4])
+    q = _fma32(q, r, _EXP32_TAYLOR[5])
+    q = _fma32(q, r, _EXP32_TAYLOR[6])
+    q = _fma32(q, r, _EXP32_TAYLOR[7])
     k = np.int32(n)  # sh <= 104.04: k >= -150, so 2^k1 and 2^k2 are normal
     k1 = k >> 1
     scaled = q * _pow2_32(k1) * g  # erfc(|t|) / 2^k2
