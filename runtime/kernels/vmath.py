@@ -127,10 +127,10 @@ def _exp32(x):
     return res
 
 
-# float32 exp: ln 2 in two parts (Cody-Waite), and the Taylor coefficients 1/7! ... 1/0!
+# float32 exp: ln 2 in two parts (Cody-Waite), and the Taylor coefficients 1/0! ... 1/7!
 # (|r| <= ln2 / 2 keeps the truncation below 1e-8 relative); the gelu's tail shares them
 _LN2_32 = (0.693359375, -2.12194440e-4)
-_EXP32_TAYLOR = (1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0)
+_EXP32_TAYLOR = (1.0, 1.0, 0.5, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720, 1.0 / 5040)
 
 
 @njit(inline="always", error_model="numpy")
@@ -138,14 +138,9 @@ def _exp32_reduced(x):
     """exp(x) = p · 2^k for a finite float32 x, with p in [√½, √2]."""
     n = np.floor(x * np.float32(1.442695) + np.float32(0.5))
     r = (x - n * np.float32(_LN2_32[0])) - n * np.float32(_LN2_32[1])
-    p = np.float32(_EXP32_TAYLOR[0])
-    p = p * r + np.float32(_EXP32_TAYLOR[1])
-    p = p * r + np.float32(_EXP32_TAYLOR[2])
-    p = p * r + np.float32(_EXP32_TAYLOR[3])
-    p = p * r + np.float32(_EXP32_TAYLOR[4])
-    p = p * r + np.float32(_EXP32_TAYLOR[5])
-    p = p * r + np.float32(_EXP32_TAYLOR[6])
-    p = p * r + np.float32(_EXP32_TAYLOR[7])
+    p = np.float32(_EXP32_TAYLOR[7])
+    for i in range(6, -1, -1):  # (Horner without FMA: vexp's float32 results as they were)
+        p = p * r + np.float32(_EXP32_TAYLOR[i])
     return p, np.int32(n)
 
 
@@ -422,6 +417,16 @@ def _fma32(typingctx, a, b, c):
     return types.float32(a, b, c), codegen
 
 
+@njit(inline="always", error_model="numpy")
+def _horner32(coefs, u):
+    """Σ coefs[i]·uⁱ in float32, one FMA per step from the highest degree down (a constant
+    tuple: the steps unroll and the coefficients fold)."""
+    p = np.float32(coefs[len(coefs) - 1])
+    for i in range(len(coefs) - 2, -1, -1):
+        p = _fma32(p, u, coefs[i])
+    return p
+
+
 def vgelu(x):
     """The exact gelu, ``x·Φ(x)``, for compiled kernels; in plain Python, its formula."""
     return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
@@ -443,28 +448,14 @@ def _gelu32(x):
     tl = _fma32(x, np.float32(0.70710677), -th) + x * np.float32(1.2101617e-08)
     a = abs(th)
     s = th * th
-    p = _fma32(_ERF32_SMALL[5], s, _ERF32_SMALL[4])
-    p = _fma32(p, s, _ERF32_SMALL[3])
-    p = _fma32(p, s, _ERF32_SMALL[2])
-    p = _fma32(p, s, _ERF32_SMALL[1])
-    p = _fma32(p, s, _ERF32_SMALL[0])
+    p = _horner32(_ERF32_SMALL, s)
     small = _fma32(h, one + th, h * _fma32(th, p, tl))  # ½x·(1 + t) + ½x·(t·P + tl)
     small = small if small != np.float32(0.0) else h  # x = -2⁻¹⁴⁹: -0.0, as the formula
     ac = min(max(a, np.float32(_GELU32_SMALL)), np.float32(_GELU32_FAR))  # keeps the unused branch finite
     d = ac + one
     w = one / d
     u = _fma32(w, np.float32(_ERFCX32_SCALE), np.float32(-_ERFCX32_CENTRE * _ERFCX32_SCALE))
-    g = np.float32(_ERFCX32[9])
-    g = _fma32(g, u, _ERFCX32[8])
-    g = _fma32(g, u, _ERFCX32[7])
-    g = _fma32(g, u, _ERFCX32[6])
-    g = _fma32(g, u, _ERFCX32[5])
-    g = _fma32(g, u, _ERFCX32[4])
-    g = _fma32(g, u, _ERFCX32[3])
-    g = _fma32(g, u, _ERFCX32[2])
-    g = _fma32(g, u, _ERFCX32[1])
-    g = _fma32(g, u, _ERFCX32[0])
-    g = g * w  # erfcx(1/w − 1)
+    g = _horner32(_ERFCX32, u) * w  # erfcx(1/w − 1)
     tla = tl if th >= np.float32(0.0) else -tl  # |t| = ac + tla
     e = _fma32(-w, d, one) - w * (ac + (one - d))  # 1 − w·(1 + ac), exactly: w's rounding
     g = g - _fma32(np.float32(2.0) * ac, g, np.float32(-1.1283792)) * (e * d - tla)
@@ -473,14 +464,7 @@ def _gelu32(x):
     n = np.floor(sh * np.float32(-1.442695) + np.float32(0.5))  # exp(−sh − sl) = q·2^n, as
     r = _fma32(n, np.float32(-_LN2_32[0]), -sh)  # _exp32_reduced with sl in r and FMA steps
     r = _fma32(n, np.float32(-_LN2_32[1]), r) - sl
-    q = np.float32(_EXP32_TAYLOR[0])
-    q = _fma32(q, r, _EXP32_TAYLOR[1])
-    q = _fma32(q, r, _EXP32_TAYLOR[2])
-    q = _fma32(q, r, _EXP32_TAYLOR[3])
-    q = _fma32(q, r, _EXP32_TAYLOR[4])
-    q = _fma32(q, r, _EXP32_TAYLOR[5])
-    q = _fma32(q, r, _EXP32_TAYLOR[6])
-    q = _fma32(q, r, _EXP32_TAYLOR[7])
+    q = _horner32(_EXP32_TAYLOR, r)
     k = np.int32(n)  # sh <= 104.04: k >= -150, so 2^k1 and 2^k2 are normal
     k1 = k >> 1
     scaled = q * _pow2_32(k1) * g  # erfc(|t|) / 2^k2
