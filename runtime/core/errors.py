@@ -12,7 +12,7 @@ CODES = frozenset(
     invalid_output unsupported_route bank_bundle limit_exceeded binding_keys binding_shape
     binding_dtype nonfinite symbol_conflict index_range duplicate_index bank_identity
     plugin_conflict backend_unavailable plugin_error bank_store out_buffer
-    program_unreadable""".split()
+    program_unreadable not_differentiable kernel_failed""".split()
 )
 
 
