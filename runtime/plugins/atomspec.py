@@ -82,6 +82,13 @@ class AtomSpec:
     # operand name -> the dtype class it accepts (runtime.core.types.DTYPE_CLASSES, "a|b" for
     # either), shown by ``formula atoms``; ``infer`` is what enforces it
     dtypes: Mapping[str, str] = attrs.field(factory=dict)
+    # the gradient rule (SPEC §3c): ``vjp(ctx) -> {operand position: slot}`` emits atoms
+    # through ``ctx`` (runtime.autodiff.VjpContext) for the operands ``ctx.wants``; operands
+    # left out receive nothing. ``differentiable`` lists the operand positions it can serve:
+    # an active floating operand outside it is ``not_differentiable``. A plugin may give the
+    # rule of another plugin's atom through the ``formula_register_vjps`` hook instead.
+    vjp: Callable[[Any], Mapping[int, str]] | None = None
+    differentiable: tuple[int, ...] = ()
 
     @property
     def ref(self) -> str:

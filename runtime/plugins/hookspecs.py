@@ -33,6 +33,14 @@ def formula_register_kernels(register):
     atom's own kernel for that backend; ``anchors=True`` when it takes epilogues."""
 
 
+@hookspec
+def formula_register_vjps(register):
+    """Call ``register(atom_ref, rule, differentiable=(0, ...))`` to give an atom (typically
+    one another plugin owns) its gradient rule: ``rule(ctx) -> {operand position: slot}``,
+    as ``AtomSpec.vjp`` (SPEC §3c); ``differentiable`` lists the operand positions it serves.
+    Two rules for one reference are ``plugin_conflict``."""
+
+
 @hookspec(firstresult=True)
 def formula_open_bank_store(location):
     """Return a bank store for ``location`` (a path, a URL…) if the plugin understands it,

@@ -57,6 +57,8 @@ class Registry:
         # (atom ref, backend) -> kernels a plugin registered for an atom it may not own
         self.kernels: dict[tuple[str, str], KernelEntry] = {}
         self._merged: dict[str, AtomSpec] = {}  # ref -> its spec with registered kernels in
+        # atom ref -> a gradient rule a plugin registered for it (formula_register_vjps)
+        self.vjps: dict[str, VjpEntry] = {}
         self.plugins: dict[str, PluginInfo] = {}
         self.problems: list[PluginProblem] = []
         for module_name in builtins:
@@ -84,15 +86,20 @@ class Registry:
             atoms: list[AtomSpec] = []
             backends: list[object] = []
             kernels: list[KernelEntry] = []
+            vjps: list[VjpEntry] = []
             self._own_hook(plugin, "formula_register_atoms")(register=atoms.append)
             self._own_hook(plugin, "formula_register_backends")(register=backends.append)
             self._own_hook(plugin, "formula_register_kernels")(
                 register=lambda atom_ref, backend, kernel=None, anchors=False: kernels.append(
                     _kernel_entry(atom_ref, backend, kernel, anchors, info)))
+            self._own_hook(plugin, "formula_register_vjps")(
+                register=lambda atom_ref, rule=None, differentiable=(0,): vjps.append(
+                    _vjp_entry(atom_ref, rule, differentiable, info)))
             for spec in atoms:
                 _check_spec(spec, info)
             self._claim_atoms(atoms, info)
             self._claim_kernels(kernels, info)
+            self._claim_vjps(vjps, atoms, info)
         except FormulaError:
             self.pm.unregister(plugin)
             raise
@@ -105,6 +112,8 @@ class Registry:
             self.backends[backend.name] = backend
         for entry in kernels:
             self.kernels[entry.atom_ref, entry.backend] = entry
+        for entry in vjps:
+            self.vjps[entry.atom_ref] = entry
         self._merged.clear()
         self.plugins[info.name] = info
         return info
@@ -135,6 +144,7 @@ class Registry:
         for ref in [r for r, owner in self.atom_owner.items() if owner == info]:
             del self.atoms[ref], self.atom_owner[ref]
         self.kernels = {key: e for key, e in self.kernels.items() if e.owner != info}
+        self.vjps = {ref: e for ref, e in self.vjps.items() if e.owner != info}
         self._merged.clear()
 
     def _claim_atoms(self, atoms: list[AtomSpec], info: PluginInfo) -> None:
@@ -162,6 +172,44 @@ class Registry:
                      f"kernels for atom {entry.atom_ref} on backend {entry.backend!r} are "
                      f"registered by {other} and by {info.describe()}")
             seen.add(key)
+
+    def _claim_vjps(self, vjps: list["VjpEntry"], atoms: list[AtomSpec], info: PluginInfo) -> None:
+        """One gradient rule per atom: a hook's rule for a ref that already has one (another
+        hook's, or the atom's own ``AtomSpec.vjp``) is ``plugin_conflict`` naming both."""
+        own = {ref: spec for spec in atoms for ref in spec.refs}
+        seen: set[str] = set()
+        for entry in vjps:
+            spec = own.get(entry.atom_ref) or self.atoms.get(entry.atom_ref)
+            for ref in spec.refs if spec is not None else (entry.atom_ref,):
+                if ref in seen:
+                    other = info.describe()
+                elif ref in self.vjps:
+                    other = self.vjps[ref].owner.describe()
+                elif spec is not None and spec.vjp is not None:
+                    other = (info if ref in own else self.atom_owner[ref]).describe()
+                else:
+                    other = None
+                if other:
+                    fail("plugin_conflict", f"plugins.{info.name}",
+                         f"gradient rules for atom {ref} are registered by {other} and by {info.describe()}")
+                seen.add(ref)
+        for spec in atoms:  # an atom arriving with its own rule after another plugin gave one
+            for ref in spec.refs:
+                if spec.vjp is not None and ref in self.vjps:
+                    fail("plugin_conflict", f"plugins.{info.name}",
+                         f"gradient rules for atom {ref} are registered by "
+                         f"{self.vjps[ref].owner.describe()} and by {info.describe()}")
+
+    def vjp_rule(self, spec: AtomSpec) -> tuple[object, tuple[int, ...], PluginInfo | None] | None:
+        """The gradient rule of ``spec``: (rule, differentiable operands, the plugin that gave
+        it), a hook's before the atom's own; None when it has none."""
+        for ref in spec.refs:
+            entry = self.vjps.get(ref)
+            if entry is not None:
+                return entry.rule, entry.differentiable, entry.owner
+        if spec.vjp is not None:
+            return spec.vjp, tuple(spec.differentiable), self.atom_owner.get(spec.ref)
+        return None
 
     def _load_entry_points(self) -> None:
         for ep in importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP):
@@ -271,6 +319,30 @@ def _kernel_entry(atom_ref, backend, kernel, anchors, info: PluginInfo) -> Kerne
     return KernelEntry(atom_ref, backend, kernel, anchors, info)
 
 
+@attrs.frozen
+class VjpEntry:
+    """A gradient rule a plugin registered for one atom reference (formula_register_vjps)."""
+
+    atom_ref: str
+    rule: object  # rule(ctx) -> {operand position: slot}, as AtomSpec.vjp
+    differentiable: tuple[int, ...]
+    owner: PluginInfo
+
+
+def _vjp_entry(atom_ref, rule, differentiable, info: PluginInfo) -> VjpEntry:
+    where = f"plugin {info.describe()}"
+    if not isinstance(atom_ref, str) or not is_ref(atom_ref):
+        raise ValueError(f"{where} registered a gradient rule for a malformed atom reference {atom_ref!r}")
+    if not callable(rule):
+        raise TypeError(f"{where}: the gradient rule for atom {atom_ref} is not callable")
+    positions = tuple(differentiable) if isinstance(differentiable, (tuple, list)) else None
+    if not positions or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                for i in positions):
+        raise ValueError(f"{where}: differentiable= for atom {atom_ref} must be a non-empty list "
+                         f"of operand positions, got {differentiable!r}")
+    return VjpEntry(atom_ref, rule, positions, info)
+
+
 def _known_plugin_families() -> dict[str, str]:
     """Atom families (ref before '@') that installable plugins provide, for unknown_atom hints.
 
@@ -296,6 +368,11 @@ def _check_spec(spec: object, info: PluginInfo) -> None:
     if not isinstance(spec.view, bool) or (spec.view and len(spec.inputs) != 1):
         raise ValueError(f"{where}: atom {spec.name!r} declares view={spec.view!r}; a view atom has "
                          f"exactly one operand (it has {len(spec.inputs)})")
+    if spec.vjp is not None and not callable(spec.vjp):
+        raise TypeError(f"{where}: atom {spec.name!r} has a gradient rule that is not callable")
+    if not all(isinstance(i, int) and 0 <= i < len(spec.inputs) for i in spec.differentiable):
+        raise ValueError(f"{where}: atom {spec.name!r} declares differentiable operands "
+                         f"{spec.differentiable!r}; it has {len(spec.inputs)} inputs")
     for operand, expr in spec.dtypes.items():
         if operand not in spec.inputs:
             raise ValueError(f"{where}: atom {spec.name!r} declares dtypes of {operand!r}, "
