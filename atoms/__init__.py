@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 
+import attrs
+
 from runtime.plugins.hookspecs import hookimpl
 
 FAMILIES = ("contract", "elementwise", "reduce", "softmax", "layout", "indexing", "window", "segment",
@@ -14,9 +16,16 @@ FAMILIES = ("contract", "elementwise", "reduce", "softmax", "layout", "indexing"
 
 
 def all_specs():
+    """Every family's specs, each with its gradient rule (atoms/vjp.py) attached."""
+    from atoms.vjp import RULES
+
     specs = []
     for family in FAMILIES:
-        specs.extend(importlib.import_module(f"atoms.{family}").SPECS)
+        for spec in importlib.import_module(f"atoms.{family}").SPECS:
+            rule = RULES.get(spec.ref)
+            if rule is not None:
+                spec = attrs.evolve(spec, vjp=rule.fn, differentiable=rule.differentiable)
+            specs.append(spec)
     return specs
 
 

@@ -20,7 +20,7 @@ _LAZY = {
     "compile": "api", "execute": "api", "load_program": "api",
     "BankOperand": "execution.banks", "open_bank_store": "api",
     "Executable": "execution.executor", "Result": "execution.executor", "Program": "program.model",
-    "ProgramBuilder": "build",
+    "ProgramBuilder": "build", "vjp": "api", "grad": "api", "Gradient": "autodiff",
 }
 
 __all__ = ["FormulaError", *_LAZY]

@@ -52,6 +52,22 @@ def execute(src: Any, inputs: Mapping[str, Any] | None = None, banks: Any = None
                                                                      out=out, check_outputs=check_outputs)
 
 
+def vjp(src: Any, wrt, outputs=None, registry: Registry | None = None):
+    """The vector-Jacobian product of a program, as a program (SPEC §3c): ``g.program`` (a
+    program dict), ``g.cotangents`` {output slot: cotangent input}, ``g.gradients`` {wrt:
+    output slot}. ``src`` is a path, JSON text, a dict or a loaded program."""
+    from runtime.autodiff import vjp as transform
+
+    return transform(src, wrt, outputs, registry or default_registry())
+
+
+def grad(src: Any, wrt, output: str, registry: Registry | None = None):
+    """``vjp`` for one 0-d floating ``output`` with the cotangent 1 (no cotangent input)."""
+    from runtime.autodiff import grad as transform
+
+    return transform(src, wrt, output, registry or default_registry())
+
+
 def open_bank_store(location, registry=None):
     """The store of the first plugin whose ``formula_open_bank_store`` understands ``location``."""
     registry = registry or default_registry()

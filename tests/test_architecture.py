@@ -98,7 +98,7 @@ def test_no_patch_files_in_the_tree():
 # Lowest first: a module may import its own layer and the layers below it, never one above
 # (docs/architecture.md draws them). The package itself and its top modules (api, cli,
 # testing, build) sit above every layer.
-LAYERS = ("core", "plugins", "program", "kernels", "plan", "backends", "execution")
+LAYERS = ("core", "plugins", "program", "autodiff", "kernels", "plan", "backends", "execution")
 
 
 def _layer(module: str) -> int:
