@@ -101,3 +101,95 @@ def run_kernel(spec, attributes, types: Sequence[TensorType], values: Sequence[n
         return dev.copy_to_host()
     node.atom.kernels[backend](KernelRequest(node))(values, (), out)
     return out
+
+
+# --- gradients (SPEC §3c) ------------------------------------------------------------------------
+
+FLOAT_NAMES = ("float16", "bfloat16", "float32")
+
+
+def as_float64(program) -> dict:
+    """The program with every concrete float type (and ``dtype`` attribute) made float64: the
+    same computation, where central finite differences are accurate to ~1e-8."""
+    import copy
+
+    from runtime.api import load_program
+
+    data = copy.deepcopy(load_program(program).to_dict())
+
+    def retype(t: dict) -> None:
+        if t["dtype"] in FLOAT_NAMES:
+            t["dtype"] = "float64"
+
+    for b in data["bindings"]:
+        retype(b["value_type"])
+    for s in data["slots"]:
+        retype(s["value_type"])
+    for ins in data["instructions"]:
+        if ins["attributes"].get("dtype") in FLOAT_NAMES:
+            ins["attributes"]["dtype"] = "float64"
+    return data
+
+
+def _widen(values: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in (values or {}).items():
+        a = np.asarray(v)
+        out[k] = a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a
+    return out
+
+
+def check_gradients(program, wrt: Sequence[str], inputs=None, banks=None,
+                    outputs: Sequence[str] | None = None, backend: str = "reference",
+                    directions: int = 3, eps: float = 1e-6, rtol: float = 1e-5, atol: float = 1e-8,
+                    seed: int = 0, torch_fn=None, registry=None) -> dict[str, np.ndarray]:
+    """The one-call gradient check for rule authors: ``runtime.vjp`` of ``program`` (made
+    float64 by :func:`as_float64`) run on ``backend`` against central finite differences
+    along ``directions`` random directions, ⟨ȳ, (f(x+εv) − f(x−εv))/2ε⟩ = ⟨vjp, v⟩.
+
+    ``torch_fn(**values) -> {output slot: tensor}`` (the same computation in torch, values by
+    binding name) adds a comparison with ``torch.autograd`` when torch is installed. Returns
+    the gradients {wrt name: array}."""
+    from runtime.api import compile as _compile, vjp
+
+    p64 = as_float64(program)
+    inputs, banks = _widen(inputs), _widen(banks)
+    g = vjp(p64, wrt, outputs, registry)
+    forward = _compile(p64, "reference", registry)
+    rng = np.random.default_rng(seed)
+    base = forward.run(inputs=inputs, banks=banks)
+    cot = {name: rng.standard_normal(np.shape(base[slot])) for slot, name in g.cotangents.items()}
+    result = _compile(g.program, backend, registry).run(inputs={**inputs, **cot}, banks=banks)
+    grads = {w: np.asarray(result[slot]) for w, slot in g.gradients.items()}
+
+    def f(shifted: Mapping[str, np.ndarray]) -> float:
+        ins = {k: shifted.get(k, v) for k, v in inputs.items()}
+        bks = {k: shifted.get(k, v) for k, v in banks.items()}
+        out = forward.run(inputs=ins, banks=bks)
+        return sum(float(np.sum(cot[name] * out[slot])) for slot, name in g.cotangents.items())
+
+    values = {**inputs, **banks}
+    for _ in range(directions):
+        v = {w: rng.standard_normal(np.shape(values[w])) for w in wrt}
+        plus = f({w: values[w] + eps * v[w] for w in wrt})
+        minus = f({w: values[w] - eps * v[w] for w in wrt})
+        numeric = (plus - minus) / (2 * eps)
+        analytic = sum(float(np.sum(grads[w] * v[w])) for w in wrt)
+        scale = max(1.0, abs(numeric), abs(analytic))
+        assert abs(numeric - analytic) <= atol + rtol * scale, (
+            f"vjp disagrees with finite differences along a random direction: "
+            f"{analytic!r} against {numeric!r}")
+    if torch_fn is not None:
+        try:
+            import torch
+        except ImportError:
+            return grads
+        tv = {k: torch.tensor(np.asarray(v), requires_grad=k in wrt) for k, v in values.items()}
+        outs = torch_fn(**tv)
+        total = sum((outs[slot] * torch.tensor(cot[name])).sum() for slot, name in g.cotangents.items())
+        expected = torch.autograd.grad(total, [tv[w] for w in wrt], allow_unused=True)
+        for w, e in zip(wrt, expected):
+            want = np.zeros_like(grads[w]) if e is None else e.detach().numpy()
+            np.testing.assert_allclose(grads[w], want, rtol=1e-7, atol=1e-9,
+                                       err_msg=f"gradient of {w!r} against torch.autograd")
+    return grads

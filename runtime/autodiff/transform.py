@@ -74,14 +74,14 @@ def vjp(src: Any, wrt: Sequence[str], outputs: Sequence[str] | None = None, regi
     writer = ProgramWriter(program, registry)
     cotangents: dict[str, str] = {}
     pending: dict[str, list[str]] = {}
-    for slot in outputs:
-        if slot not in varied:
-            continue
+    for slot in outputs:  # one cotangent per requested output, used or not: a stable interface
         if seeds and slot in seeds:
-            pending[slot] = [writer.op("fill", [slot], {"axes": [], "dtype": types[slot].dtype,
-                                                        "value": seeds[slot]})]
-        else:
-            cotangents[slot] = writer.input(writer.binding_name(slot), types[slot])
+            if slot in varied:
+                pending[slot] = [writer.op("fill", [slot], {"axes": [], "dtype": types[slot].dtype,
+                                                            "value": seeds[slot]})]
+            continue
+        cotangents[slot] = writer.input(writer.binding_name(slot), types[slot])
+        if slot in varied:
             pending[slot] = [cotangents[slot]]
 
     for k in range(len(program.instructions) - 1, -1, -1):
