@@ -12,7 +12,7 @@ import attrs
 from runtime.plugins.hookspecs import hookimpl
 
 FAMILIES = ("contract", "elementwise", "reduce", "softmax", "layout", "indexing", "window", "segment",
-            "position", "observe")
+            "position", "observe", "gradient")
 
 
 def all_specs():
