@@ -26,10 +26,11 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.core.errors import fail, json_kind
-from runtime.core.types import TensorType, dtypes_compatible, is_float, numpy_dtype
+from runtime.core.types import HALF_DTYPES, TensorType, dtypes_compatible, is_float, numpy_dtype
 from runtime.kernels.codegen import warm_twins
 from runtime.plugins.atomspec import (AtomSpec, InferContext, Node, ScalarOp, axes_except, every_axis)
-from runtime.plugins.kernel import node_kernel
+from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, const_array, const_int, flat_input, flat_output,
+                                    node_kernel)
 
 from . import _rows
 from .elementwise import MODES_V2, _acc, _cpu as _elementwise_cpu, _cuda as _elementwise_cuda, require_identical
@@ -216,6 +217,8 @@ def _cpu_fill(node: Node):
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         kernel(out_bits(out), bits)
     run.warm = lambda: warm_twins(fill_serial, fill_parallel)
+    if _compilable(node.output_type):  # the reference is no parameter: its type does not matter
+        run.compiled = CompiledCall(kernel, (flat_output(view=bits.dtype.name), const_array(bits)))
     return run
 
 
@@ -356,6 +359,12 @@ def _float_kernel_dtype(node: Node, backend: str) -> None:
                  f"{node.atom.name} has no {backend} kernel for {t.dtype}; use backend='reference'")
 
 
+def _compilable(*types: TensorType) -> bool:
+    """Whether compiled code (runtime.execution.driver) can call a kernel over these types:
+    static and non-empty, of a dtype Numba has (no half)."""
+    return all(t.is_static and t.elements and t.dtype not in HALF_DTYPES for t in types)
+
+
 def _flat(x: np.ndarray) -> tuple[np.ndarray, int, tuple[int, ...]]:
     """``flat_view`` in the array's own dtype (a read-only 1-D view, its origin and strides)."""
     x = np.asarray(x)
@@ -460,6 +469,14 @@ def _cpu_masked_softmax_vjp(node: Node):
         kernel, r, (ys, gs, os) = args
         kernel(y, g, _flat_out(out), r.shape, r.strides, _i64([yo, go, 0]), ys, gs, os, n, r.count)
     run.warm = lambda: warm_twins(masked_softmax_vjp_serial, masked_softmax_vjp_parallel)
+    if _compilable(*node.input_types, node.output_type):  # C-contiguous operands: their C strides
+        strides = c_strides(node.input_types[0].shape)
+        r, along = _msv_rows(node, strides, strides)
+        kernel = masked_softmax_vjp_parallel if _rows.parallel_rows(r.count, node.output_type.elements) \
+            else masked_softmax_vjp_serial
+        run.compiled = CompiledCall(kernel, (flat_input(0), flat_input(1), FLAT_OUTPUT, const_array(r.shape),
+                                             const_array(r.strides), const_array(_i64([0, 0, 0])),
+                                             *map(const_int, (*along, n, r.count))))
     return run
 
 
@@ -585,6 +602,13 @@ def _cpu_slice_vjp(node: Node):
         kernel, r, (gs, os) = args
         kernel(src, out_bits(out), r.shape, r.strides, _i64([off, 0]), gs, os, *geometry, r.count)
     run.warm = lambda: warm_twins(slice_vjp_serial, slice_vjp_parallel)
+    if _compilable(*node.input_types, node.output_type):
+        r, along = _slice_vjp_rows(node, c_strides(node.input_types[0].shape))
+        kernel = slice_vjp_parallel if _rows.parallel_rows(r.count, node.output_type.elements) else slice_vjp_serial
+        bits = BITS[numpy_dtype(node.output_type.dtype).itemsize].__name__
+        run.compiled = CompiledCall(kernel, (flat_input(0, view=bits), flat_output(view=bits), const_array(r.shape),
+                                             const_array(r.strides), const_array(_i64([0, 0])),
+                                             *map(const_int, (*along, *geometry, r.count))))
     return run
 
 
@@ -722,6 +746,11 @@ def _cpu_window_vjp(node: Node):
         kernel, r, (gp, gk, os) = args
         kernel(src, _flat_out(out), r.shape, r.strides, _i64([off, 0]), gp, gk, os, *geometry, r.count)
     run.warm = lambda: warm_twins(window_vjp_serial, window_vjp_parallel)
+    if _compilable(*node.input_types, node.output_type):
+        r, along = _window_vjp_rows(node, c_strides(node.input_types[0].shape))
+        kernel = window_vjp_parallel if _rows.parallel_rows(r.count, node.output_type.elements) else window_vjp_serial
+        run.compiled = CompiledCall(kernel, (flat_input(0), FLAT_OUTPUT, const_array(r.shape), const_array(r.strides),
+                                             const_array(_i64([0, 0])), *map(const_int, (*along, *geometry, r.count))))
     return run
 
 

@@ -19,7 +19,7 @@ from atoms.gradient import (FILL_REF, MASKED_SOFTMAX_VJP_REF, SCALAR_MAP_VJP_REF
                             WINDOW_VJP_REF, scalar_map_vjp_numpy)
 from runtime.core.errors import FormulaError
 from runtime.core.types import TensorType, numpy_dtype
-from runtime.plugins.atomspec import InferContext, bind_node
+from runtime.plugins.atomspec import InferContext
 from runtime.testing import TOLERANCES, ProgramBuilder, assert_backends_agree, real_cuda, run_kernel
 
 SPEC = {ref: s for s in all_specs() for ref in s.refs}
@@ -170,7 +170,6 @@ def test_infer_types():
 
 def test_operands_bound_to_two_float_dtypes_are_binding_dtype():
     """Checked again when planned: x and ȳ typed `floating`, bound to float32 and float64."""
-    fl = T("BN", (2, 5), "floating")
     for ref, attributes, types in ((SCALAR_MAP_VJP_REF, {"mode": "exp", **F32}, (V, T("BN", (2, 5), "float64"))),
                                    (MASKED_SOFTMAX_VJP_REF, {"axis": "N", **F32}, (V, T("BN", (2, 5), "float64"))),
                                    (SLICE_VJP_REF, SLICE, (T("BN", (2, 2), "float64"), V)),
@@ -178,7 +177,6 @@ def test_operands_bound_to_two_float_dtypes_are_binding_dtype():
         assert infer(ref, attributes, *(t.evolve(dtype="floating") for t in types)).dtype == "floating"
         expect("binding_dtype", SLOT1 if ref in (SCALAR_MAP_VJP_REF, MASKED_SOFTMAX_VJP_REF) else SLOT0, infer,
                ref, attributes, *types, planning=True)
-    assert fl.dtype == "floating"
     b = ProgramBuilder(dtype="floating")
     x, g = b.input("x", {"N": 3}), b.input("g", {"N": 3})
     y = b.op("scalar-map-vjp", [x, g], {"mode": "tanh", **F32}, ref=SCALAR_MAP_VJP_REF)
@@ -674,7 +672,36 @@ def test_formula_atoms_lists_them(capsys):
         assert ref in listed and ref in SPEC
 
 
-def test_node_binding_for_kernels():
-    """bind_node (what the planner does per extents) gives the reference's type back."""
-    node = bind_node(SPEC[WINDOW_VJP_REF], WIN, [T("BPK", (2, 4, 2)), V])
-    assert node.output_type == V
+def test_a_gradient_program_runs_as_one_compiled_call():
+    """The cpu kernels of fill, masked-softmax-vjp, slice-vjp and window-vjp say how compiled
+    code calls them: a plan of them is one driver segment, equal to its Python launches."""
+    from runtime.execution.executor import DRIVER_AFTER_RUNS
+
+    b = ProgramBuilder()
+    x = b.input("x", {"B": 3, "N": 7})
+    g = b.input("g", {"B": 3, "N": 7})
+    a = _window_attrs(3, 2, 2, (2, 1))  # P = 3
+    c = b.input("c", {"B": 3, "P": 3, "K": 3})
+    m = b.op("masked-softmax-vjp", [x, g], {"axis": "N", **F32}, ref=MASKED_SOFTMAX_VJP_REF)
+    s = b.op("slice-vjp", [b.op("slice", [m], SLICE), x], SLICE, ref=SLICE_VJP_REF)
+    w = b.op("window-vjp", [c, s], a, ref=WINDOW_VJP_REF)
+    f = b.op("fill", [x], {"axes": ["N"], "dtype": "float32", "value": 2.0}, ref=FILL_REF)
+    y = b.op("scale", [b.op("add", [w, s], F32), f], {"factor_axes": ["N"], **F32})
+    prog = b.build(outputs=[y])
+    rng = np.random.default_rng(8)
+    inputs = {k: rng.standard_normal(v).astype(np.float32) for k, v in (("x", (3, 7)), ("g", (3, 7)),
+                                                                        ("c", (3, 3, 3)))}
+    exe = runtime.compile(prog, "cpu", tiered=False)
+    for _ in range(DRIVER_AFTER_RUNS):
+        exe.run(inputs=inputs)
+    assert exe.wait_compiled()
+    compiled = next(iter(exe._plans.values()))
+    assert compiled.driver_error is None
+    assert all(launch.kernel.compiled is not None for launch in compiled.launches), \
+        [launch.nodes[0].atom.name for launch in compiled.launches if launch.kernel.compiled is None]
+    driver = compiled.driver()
+    assert driver is not None and len(driver.parts) == 1 and not isinstance(driver.parts[0], int)
+    got = exe.run(inputs=inputs)[y].copy()
+    np.testing.assert_array_equal(got, exe.run(inputs=inputs, trace=True)[y])
+    np.testing.assert_allclose(got, runtime.execute(prog, inputs=inputs, backend="reference")[y], rtol=1e-5,
+                               atol=1e-6)
