@@ -238,6 +238,33 @@ def _cases():
         {"axis": "N", "output_axis": "P", "window_axis": "K", "kernel_size": 2, "stride": 2,
          "dilation": 2, "padding": [1, 1], "output_size": None}, ["P", "K"], [3, 2]),
         {"v": win_v}, np.array([[0.0, 2.0], [2.0, 4.0], [4.0, 0.0]]))
+    # §3c: the atoms for gradients
+    grad = "formula-runtime/formula-atom-{}@1".format
+    add("fill-floating-of-int64", lambda: one(grad("fill"), [("r", ["N", "M"], [2, 3], "int64")],
+                                              {"axes": ["M"], "dtype": "floating", "value": -1.5}, ["M"], [3]),
+        {"r": np.zeros((2, 3), np.int64)}, np.full(3, -1.5))
+    sig = _sigmoid(MAP_IN.astype(np.float64))
+    silu_grad = POS_IN * (sig * (1 + MAP_IN * (1 - sig)))  # ȳ·σ(1 + x(1 − σ))
+    add("scalar-map-vjp-silu", lambda: one(grad("scalar-map-vjp"), [("x", ["N"], [5], "float32"),
+                                                                    ("g", ["N"], [5], "float32")],
+                                           {"mode": "silu", "accumulation_dtype": "float32"}, ["N"], [5]),
+        {"x": MAP_IN, "g": POS_IN}, silu_grad)
+    sm_g = f32(3, 3, start=-4.0)
+    sm_y = SM_OUT.astype(np.float32)
+    add("masked-softmax-vjp", lambda: one(grad("masked-softmax-vjp"), [("y", ["N", "M"], [3, 3], "float32"),
+                                                                       ("g", ["N", "M"], [3, 3], "float32")],
+                                          {"axis": "M", "accumulation_dtype": "float32"}, ["N", "M"], [3, 3]),
+        {"y": sm_y, "g": sm_g}, sm_y * (sm_g - (sm_y * sm_g).sum(axis=1, keepdims=True)))
+    g22 = f32(2, 2)
+    add("slice-vjp", lambda: one(grad("slice-vjp"), [("g", ["N", "M"], [2, 2], "float32"),
+                                                     ("v", ["N", "M"], [5, 2], "float32")],
+                                 {"axis": "N", "start": 1, "stop": 4, "step": 2}, ["N", "M"], [5, 2]),
+        {"g": g22, "v": v52}, np.array([[0, 0], [1, 2], [0, 0], [3, 4], [0, 0]], np.float32))
+    add("window-vjp-pad-dilate-stride", lambda: one(
+        grad("window-vjp"), [("g", ["P", "K"], [3, 2], "float32"), ("v", ["N"], [5], "float32")],
+        {"axis": "N", "output_axis": "P", "window_axis": "K", "kernel_size": 2, "stride": 2,
+         "dilation": 2, "padding": [1, 1], "output_size": None}, ["N"], [5]),
+        {"g": f32(3, 2), "v": win_v}, np.array([0.0, 2.0 + 3.0, 0.0, 4.0 + 5.0, 0.0]))  # taps -1,1 | 1,3 | 3,5
     return c
 
 
