@@ -103,6 +103,17 @@ CASES = [
     ("arti/observe-fourier@1", {"spatial_shape": [2, 2], "state_mode": "cartesian", "direction_epsilon": 1e-6,
                                 "compile_policy": "safe_training"},
      [T("b n d"), T("b t s"), T("b n", "boolean"), T("b t")], T("b t n d"), "b t d"),
+    # the atoms for gradients (SPEC §3c): fill reads no value; the vjps of slice and window tie their axis
+    ("formula-runtime/fill@1", {"axes": ["s"], "dtype": "floating", "value": 1.0}, [T("b s")], T("s"), "s"),
+    ("formula-runtime/scalar-map-vjp@1", {"mode": "tanh", "accumulation_dtype": "float32"}, [T("b d"), T("b d")],
+     T("b d"), "b d"),
+    ("formula-runtime/masked-softmax-vjp@1", {"axis": "k", "accumulation_dtype": "float32"}, [T("q k"), T("q k")],
+     T("q k"), "q"),
+    ("formula-runtime/slice-vjp@1", {"axis": "s", "start": 0, "stop": None, "step": 1}, [T("b s"), T("b s")],
+     T("b s"), "b"),
+    ("formula-runtime/window-vjp@1", {"axis": "s", "output_axis": "o", "window_axis": "w", "kernel_size": 2,
+                                      "stride": 1, "dilation": 1, "padding": [0, 0], "output_size": "O"},
+     [T("b o w"), T("b s")], T("b s"), "b"),
 ]
 
 
@@ -117,7 +128,7 @@ def test_each_atom_declares_its_free_axes(ref, attributes, inputs, output, free)
 def test_every_builtin_and_norms_atom_has_a_case():
     covered = {full_ref(c[0]) for c in CASES}
     registry = default_registry()
-    owners = ("arti/", "formula-norms/")
+    owners = ("arti/", "formula-norms/", "formula-runtime/")
     missing = sorted({spec.ref for spec in registry.atoms.values()
                       if spec.ref.startswith(owners) and not set(spec.refs) & covered
                       and "neural-plasticity" not in spec.ref})
