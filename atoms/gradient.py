@@ -113,6 +113,12 @@ def fill_dtype(dtype: str, reference: str) -> str:
     return reference if is_float(reference) else "float32"
 
 
+def _shown(v: int | float) -> str:
+    """``v`` for a message: a huge integer by its size (its digits could be thousands, and
+    Python refuses to print more than 4300)."""
+    return f"an integer of {v.bit_length()} bits" if isinstance(v, int) and abs(v) >= 1 << 80 else repr(v)
+
+
 def _fill_value(ctx: InferContext, dtype: str) -> None:
     v = ctx.attributes["value"]
     if dtype == "boolean":
@@ -125,14 +131,14 @@ def _fill_value(ctx: InferContext, dtype: str) -> None:
         if not isinstance(v, int):
             ctx.bad_attr("value", f"an int64 fill takes a JSON integer, got {v!r}")
         if not INT64_MIN <= v <= INT64_MAX:
-            ctx.bad_attr("value", f"{v} is outside int64's range")
+            ctx.bad_attr("value", f"{_shown(v)} is outside int64's range")
         return
     try:
         finite = math.isfinite(float(v))
     except OverflowError:  # an integer beyond every double: JSON would give inf
         finite = False
     if not finite:
-        ctx.bad_attr("value", f"expected a finite number, got {v!r}")
+        ctx.bad_attr("value", f"expected a finite number, got {_shown(v)}")
 
 
 def infer_fill(ctx: InferContext) -> TensorType:

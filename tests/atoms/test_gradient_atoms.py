@@ -81,6 +81,8 @@ SLOT0, SLOT1 = f"{INS}.input_slots[0]", f"{INS}.input_slots[1]"
     (FILL_REF, {**FILL, "value": INF}, [V], "atom_attributes", AT + "value", "finite"),
     (FILL_REF, {**FILL, "value": math.nan}, [V], "atom_attributes", AT + "value", "finite"),
     (FILL_REF, {**FILL, "value": 10 ** 400}, [V], "atom_attributes", AT + "value", "finite"),
+    (FILL_REF, {**FILL, "value": -(10 ** 5000)}, [V], "atom_attributes", AT + "value", "bits"),
+    (FILL_REF, {**FILL, "dtype": "int64", "value": 10 ** 5000}, [V], "atom_attributes", AT + "value", "range"),
     (FILL_REF, {**FILL, "dtype": "int64", "value": 1.5}, [V], "atom_attributes", AT + "value", "integer"),
     (FILL_REF, {**FILL, "dtype": "int64", "value": 1.0}, [V], "atom_attributes", AT + "value", "integer"),
     (FILL_REF, {**FILL, "dtype": "int64", "value": 1 << 63}, [V], "atom_attributes", AT + "value", "range"),
