@@ -103,7 +103,10 @@ def _bytes(b):
 
 
 def check_invariants(plan, p: Prog, outputs):
-    assert sorted(n.index for g in plan.groups for n in g.nodes) == list(range(len(p.nodes)))
+    from runtime.plan.planner import live_nodes  # unread results are not computed
+
+    live = live_nodes(p.nodes, outputs)
+    assert sorted(n.index for g in plan.groups for n in g.nodes) == sorted(n.index for n in live)
     assert [g.position for g in plan.groups] == sorted(g.position for g in plan.groups)
     produced = set(p.bindings)
     for gi, g in enumerate(plan.groups):
@@ -117,7 +120,7 @@ def check_invariants(plan, p: Prog, outputs):
                 (g.output_type.axes, g.output_type.shape)
         for s in g.fused_slots:
             assert s not in plan.buffers and s not in outputs
-            assert sum(n.input_slots.count(s) for n in p.nodes) == 1
+            assert sum(n.input_slots.count(s) for n in live) == 1
     temps = [b for b in plan.buffers.values() if b.kind == "temporary"]
     for i, a in enumerate(temps):
         ra = plan.buffers[a.alias_of or a.slot]

@@ -152,6 +152,20 @@ def kernel_scratch(nodes: Sequence[Node], backend: str) -> int:
     return sum(n.atom.scratch_bytes(n, backend) for n in nodes if n.atom.scratch_bytes is not None)
 
 
+def live_nodes(nodes: Sequence[Node], outputs: Sequence[str]) -> list[Node]:
+    """The nodes an output depends on, and those with value checks (an index_range a
+    program asks for is raised even where its result is unused): a gradient program keeps
+    its forward instructions, and the forward outputs the backward never reads cost nothing."""
+    needed = set(outputs)
+    keep = [False] * len(nodes)
+    for k in range(len(nodes) - 1, -1, -1):
+        node = nodes[k]
+        if node.output_slot in needed or node.atom.check_values is not None:
+            keep[k] = True
+            needed.update(node.input_slots)
+    return [n for n, kept in zip(nodes, keep) if kept]
+
+
 def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], outputs: Sequence[str],
               limits, dims: Mapping[str, int], backend: str, fuse: bool,
               slot_index: Mapping[str, int] | None = None,
@@ -169,6 +183,8 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
     find the instruction that made a non-finite value), and no planner rewrite replaces nodes
     (runtime.plan.attention)."""
     slot_index = slot_index or {}
+    if not keep_fused_operands:  # the output check looks at every instruction, dead ones too
+        nodes = live_nodes(nodes, outputs)
     types = dict(binding_types)
     types.update({n.output_slot: n.output_type for n in nodes})
     sizes = {slot: _check_tensor(slot, t, limits, _slot_path(slot, slot_index)) for slot, t in types.items()}
