@@ -178,9 +178,69 @@ def _parser() -> argparse.ArgumentParser:
     c = command("cache", _cache, "Show (info) or clear the kernel cache.", program=False)
     c.add_argument("action", choices=("info", "clear"), help="info: location, size, files; "
                    "clear: remove the cache's own files")
+    c = command("grad", _grad, "Write the program's gradient program (SPEC §3c) and its manifest.")
+    c.add_argument("--wrt", action="append", required=True, metavar="NAME",
+                   help="a floating binding to differentiate for (repeatable)")
+    c.add_argument("--output", action="append", default=None, metavar="SLOT",
+                   help="an output to differentiate (repeatable; default every floating output); "
+                        "one 0-d output alone is a loss: its cotangent is 1, not an input")
+    c.add_argument("--out", required=True, metavar="G.program.json", help="where to write the program")
+    c.add_argument("--manifest", metavar="FILE", help="where to write the manifest (cotangents, "
+                   "gradients; default: beside --out, ending .manifest.json)")
+    dims(c)
     command("atoms", _atoms, "List the registered atoms.", program=False)
     command("plugins", _plugins, "List the registered plugins and their problems.", program=False)
     return p
+
+
+def _grad(args) -> int:
+    """``formula grad``: the gradient program, its manifest, what it adds and keeps."""
+    from runtime.api import grad, load_program, vjp
+    from runtime.execution.executor import check_dims
+
+    dims = _checked_dims(args)
+    out = Path(args.out)
+    manifest = Path(args.manifest) if args.manifest else out.with_name(
+        out.name.removesuffix(".json").removesuffix(".program") + ".manifest.json")
+    for key, path in (("$.out", out), ("$.manifest", manifest)):
+        if path.is_dir() or not path.parent.is_dir():
+            fail("schema", key, f"{str(path)!r}: expected a file name in an existing directory")
+    program = load_program(Path(args.program))
+    check_dims(program, dims)
+    outputs = args.output
+    if outputs and len(outputs) == 1 and outputs[0] in program.outputs and \
+            not program.slot(outputs[0]).value_type.rank:
+        g = grad(program, args.wrt, outputs[0])
+    else:
+        g = vjp(program, args.wrt, outputs)
+    out.write_text(json.dumps(g.program, indent=2) + "\n")
+    manifest.write_text(json.dumps(g.manifest(), indent=2) + "\n")
+    needed = sorted({s for slot in g.saved for s in program.slot(slot).value_type.sizes
+                     if isinstance(s, str)} - set(dims))
+    saved = g.saved_bytes(dims) if not needed else {}
+    total = sum(saved.values())
+    if args.json:
+        _emit(args, True, program=str(out), manifest=str(manifest), cotangents=g.cotangents,
+              gradients=g.gradients, instructions_added=g.added, saved=list(g.saved),
+              saved_bytes=saved if not needed else None, dims=dims)
+        return 0
+    print(f"{out}: {g.added} instructions added to {len(program.instructions)}; manifest {manifest}",
+          file=sys.stderr)
+    for slot, name in g.cotangents.items():
+        print(f"  cotangent of {slot}: input {name}", file=sys.stderr)
+    for name, slot in g.gradients.items():
+        print(f"  gradient of {name}: output {slot}", file=sys.stderr)
+    if needed:
+        print(f"  kept for the backward: {', '.join(g.saved) or 'nothing'} "
+              f"(--dim {needed[0]}=… for each of {needed} gives their size)", file=sys.stderr)
+    else:
+        print(f"  kept for the backward: {_mib(total)} in {len(saved)} values"
+              + "".join(f"\n    {slot}: {_mib(n)}" for slot, n in saved.items()), file=sys.stderr)
+    return 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB ({n:,} B)"
 
 
 # --- checks before any work ---------------------------------------------------------------

@@ -38,6 +38,24 @@ class Gradient:
         return {"cotangents": dict(self.cotangents), "gradients": dict(self.gradients),
                 "instructions_added": self.added}
 
+    @property
+    def saved(self) -> tuple[str, ...]:
+        """The forward instructions' results the backward reads (what a training step keeps
+        from its forward pass), in program order."""
+        ids = {i.instruction_id for i in self.forward.instructions}
+        reads = {s for ins in self.program["instructions"] if ins["instruction_id"] not in ids
+                 for s in ins["input_slots"]}
+        return tuple(i.output_slot for i in self.forward.instructions if i.output_slot in reads)
+
+    def saved_bytes(self, dims: Mapping[str, int]) -> dict[str, int]:
+        """Bytes of each saved value at ``dims`` ('floating' counted as float32)."""
+        out = {}
+        for slot in self.saved:
+            t = self.forward.slot(slot).value_type
+            t = t.resolve(dims, "float32" if t.dtype == "floating" else None)
+            out[slot] = t.nbytes if t.is_static else 0
+        return out
+
 
 def load(src: Any, registry) -> Program:
     if isinstance(src, Program):
