@@ -47,6 +47,13 @@ class Gradient:
                  for s in ins["input_slots"]}
         return tuple(i.output_slot for i in self.forward.instructions if i.output_slot in reads)
 
+    def split(self, remat: Any = "save-all"):
+        """A forward program that also outputs what the backward reads, and the backward that
+        takes it (runtime.autodiff.split: ``remat`` is the recompute policy)."""
+        from runtime.autodiff.split import split
+
+        return split(self, remat)
+
     def saved_bytes(self, dims: Mapping[str, int]) -> dict[str, int]:
         """Bytes of each saved value at ``dims`` ('floating' counted as float32)."""
         out = {}
