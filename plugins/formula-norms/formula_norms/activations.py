@@ -16,6 +16,7 @@ from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 from runtime.core.types import TensorType
 
 from ._common import kernel_dtype, launch_config, readonly_c
+from .gradients import activation_vjp
 from ._refs import refs_for
 
 _C = "0.7978845608028654"  # sqrt(2 / pi), spelled out so the expression is self-contained
@@ -86,5 +87,5 @@ SPECS = [AtomSpec(
     dtypes={"value": "floating"},
     attributes=frozenset({"mode"}), infer=infer_scalar_map_ext,
     kernels={"reference": _reference, "cpu": _cpu, "cuda": _cuda},
-    elementwise=_elementwise, inplace=0, free_axes=every_axis,
+    elementwise=_elementwise, inplace=0, free_axes=every_axis, vjp=activation_vjp, differentiable=(0,),
     summary="elementwise gelu-tanh | softplus; fusable as an epilogue")]

@@ -19,6 +19,7 @@ from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
 from ._common import kernel_dtype, launch_config, readonly_c, rows_shape
+from .gradients import norm_vjp
 from ._refs import refs_for
 
 ATTRIBUTES = frozenset({"axis", "epsilon", "accumulation_dtype"})
@@ -106,7 +107,7 @@ def _spec(name: str, summary: str) -> AtomSpec:
         dtypes={"value": "floating"},
         infer=infer_norm,
         kernels={"reference": _reference(name), "cpu": _cpu(name), "cuda": _cuda(name)},
-        free_axes=axes_except("axis"), summary=summary)
+        free_axes=axes_except("axis"), vjp=norm_vjp, differentiable=(0,), summary=summary)
 
 
 SPECS = [
