@@ -54,6 +54,7 @@ def atoms_table(registry) -> list[dict[str, Any]]:
     for ref in registry.atoms:
         spec = registry.atom(ref, "$")  # with kernels other plugins registered for it
         owner = registry.atom_owner.get(ref)
+        rule = registry.vjp_rule(spec)
         rows.append({
             "reference": ref,
             "atom": spec.name,
@@ -74,6 +75,10 @@ def atoms_table(registry) -> list[dict[str, Any]]:
             "inplace": spec.inplace,
             "view": spec.view,
             "summary": spec.summary,
+            # SPEC §3c: the operands its gradient rule serves and who gave the rule (None: no rule)
+            "gradient": None if rule is None else {
+                "operands": [spec.inputs[i] for i in rule[1] if i < len(spec.inputs)],
+                "plugin": rule[2].name if rule[2] else None},
         })
     rows.sort(key=lambda r: (r["atom"], r["alias_of"] is not None, r["reference"]))
     return rows
@@ -91,6 +96,8 @@ def _traits(row: dict[str, Any]) -> str:
         traits.append(f"in-place on {row['inputs'][row['inplace']]}")
     if row.get("view"):
         traits.append("view (no copy of a temporary)")
+    if row.get("gradient"):
+        traits.append(f"gradient for {', '.join(row['gradient']['operands']) or 'no operand'}")
     return ", ".join(traits) or "-"
 
 
