@@ -114,6 +114,11 @@ def split(gradient, remat: Any = "save-all") -> Split:
     bwd = {**{k: copy.deepcopy(v) for k, v in data.items() if k not in ("bindings", "slots", "instructions")},
            "bindings": bwd_bindings, "slots": slots, "instructions": instructions,
            "outputs": list(data["outputs"])}
+    # the kept values become bindings: count limits grow to what the backward holds, as vjp's do
+    limits = bwd["limits"] = dict(bwd["limits"])
+    for key, count in (("max_bindings", len(bwd_bindings)), ("max_slots", len(slots)),
+                       ("max_instructions", len(instructions))):
+        limits[key] = max(limits[key], count)
     recomputed = tuple(i.instruction_id for i in forward.instructions if i.instruction_id in recompute)
     del specs
     return Split(fwd, bwd, {s: names[s] for s in saved_order},
