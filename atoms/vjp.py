@@ -317,8 +317,10 @@ def window_vjp(ctx):
 def _activity(ctx, value: str) -> str:
     """The activity in the value's dtype (a boolean activity as 1/0)."""
     act, tv = ctx.inputs[3], ctx.type_of(value)
-    if ctx.type_of(act).dtype == "boolean":
-        return ctx.select(act, ctx.fill(act, 1.0, dtype=tv.dtype), ctx.fill(act, 0.0, dtype=tv.dtype))
+    if ctx.type_of(act).dtype == "boolean":  # ones made from the value: a 'floating' dtype follows it
+        one = ctx.broadcast_to(ctx.fill(value, 1.0, axes=tv.axes[:1]),
+                               ctx.type_of(act).evolve(dtype=tv.dtype))
+        return ctx.select(act, one, ctx.zeros(one))
     return ctx.cast(act, tv.dtype) if tv.dtype != "floating" else act
 
 
@@ -408,15 +410,76 @@ def position_relative_vjp(ctx):
     return grads
 
 
-@rule(arti("position-rotary"))
+@rule(arti("position-rotary"), differentiable=(0, 1))
 def position_rotary_vjp(ctx):
-    """A rotation by −θ: the rotary atom at the negated coordinates (they are not range-checked)."""
-    p = ctx.inputs[1]
-    if ctx.type_of(p).dtype == "int64":
-        minus = ctx.mul(p, ctx.fill(p, -1, axes=()), "activation")
-    else:
-        minus = ctx.neg(p)
-    return {0: ctx.op("position-rotary", [ctx.cotangent, minus], dict(ctx.attributes))}
+    """The value: a rotation by −θ (the rotary atom at the negated coordinates, which are not
+    range-checked). Floating coordinates: Σ_i ω_i·(ȳ_2i+1·y_2i − ȳ_2i·y_2i+1) over the pairs,
+    summed over the axes the coordinates are broadcast across."""
+    value, p = ctx.inputs
+    grads = {}
+    if ctx.wants(0):
+        if ctx.type_of(p).dtype == "int64":
+            minus = ctx.mul(p, ctx.fill(p, -1, axes=()), "activation")
+        else:
+            minus = ctx.neg(p)
+        grads[0] = ctx.op("position-rotary", [ctx.cotangent, minus], dict(ctx.attributes))
+    if ctx.wants(1):
+        axis = ctx.attributes["feature_axis"]
+        width = ctx.type_of(value).size_of(axis)
+        per_pair = _pair_terms(ctx, ctx.cotangent, ctx.output, axis, sign=-1)
+        weighted = ctx.mul(per_pair, _frequencies(ctx, per_pair, axis, width, ctx.attributes["base"]))
+        tp = ctx.type_of(p)
+        summed = ctx.reduce_sum(weighted, [a for a in ctx.type_of(value).axes if a not in tp.axes])
+        grads[1] = ctx.cast(ctx.permute(summed, tp.axes), tp.dtype)
+    return grads
+
+
+@rule(arti("position-sinusoidal"))
+def position_sinusoidal_vjp(ctx):
+    """Floating coordinates: Σ_i ω_i·(ȳ_2i·cos θ_i − ȳ_2i+1·sin θ_i). An odd W lacks the last
+    cosine: the features are recomputed at W + 1 with the base that keeps every ω_i."""
+    p = ctx.inputs[0]
+    a = ctx.attributes
+    axis, width, base = a["feature_axis"], a["feature_size"], float(a["base"])
+    y, ybar = ctx.output, ctx.cotangent
+    if width % 2:
+        wider = {**a, "feature_size": width + 1, "base": base ** ((width + 1) / width)}
+        y = ctx.op("position-sinusoidal", [p], wider)
+        end = ctx.op("slice", [ybar], {"axis": axis, "start": 0, "stop": 1, "step": 1})
+        ybar = ctx.op("concat", [ybar, ctx.zeros(end)], {"axis": axis})
+        width, base = width + 1, wider["base"]
+    per_pair = _pair_terms(ctx, ybar, y, axis, sign=1)
+    weighted = ctx.mul(per_pair, _frequencies(ctx, per_pair, axis, width, base))
+    tp = ctx.type_of(p)
+    return {0: ctx.cast(ctx.permute(ctx.reduce_sum(weighted, [axis]), tp.axes), tp.dtype)}
+
+
+def _pair_terms(ctx, ybar: str, y: str, axis: str, sign: int) -> str:
+    """Per feature pair i: ȳ_2i·y_2i+1 − ȳ_2i+1·y_2i (sign 1) or its negation (sign −1)."""
+    def half(v, start):
+        return ctx.op("slice", [v], {"axis": axis, "start": start, "stop": None, "step": 2})
+
+    first = ctx.mul(half(ybar, 0), half(y, 1))
+    second = ctx.mul(half(ybar, 1), half(y, 0))
+    return ctx.sub(first, second) if sign > 0 else ctx.sub(second, first)
+
+
+def _frequencies(ctx, like: str, axis: str, width: int, base: float) -> str:
+    """ω_i = base^(−2i/W) along ``axis`` of ``like`` (one entry per pair), built from i + 1 =
+    #{j ≤ i}: a program has no literals, so the ramp is counted from axis-index comparisons."""
+    t = ctx.type_of(like)
+    pairs = t.size_of(axis)
+    other = _fresh_axis(ctx, t.axes)
+    i = ctx.op("axis-index", [like], {"axis": axis})
+    j = ctx.rename(i, {axis: other})
+    square = t.evolve(axes=(axis, other), sizes=(pairs, pairs), dtype="int64")
+    below = ctx.compare(ctx.broadcast_to(i, square), ctx.broadcast_to(j, square), "ge")
+    one = ctx.broadcast_to(ctx.fill(like, 1.0, axes=[axis]), square.evolve(dtype=t.dtype))
+    ones = ctx.select(below, one, ctx.zeros(one))  # (from ``like``: a 'floating' dtype follows it)
+    count = ctx.reduce_sum(ones, [other])  # i + 1, exact
+    k = -2.0 * math.log(base) / width
+    exponent = ctx.add(ctx.mul(count, ctx.scalar(count, k)), ctx.fill(count, -k))
+    return ctx.map(exponent, "exp")
 
 
 # --- the gradient atoms (so that vjp(vjp(P)) closes) -----------------------------------------------

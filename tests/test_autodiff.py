@@ -190,6 +190,13 @@ def case_observe(kind):
         if kind == "identity":
             y = b.op("observe-identity", [v, s, m, a])
             return b.build([y]), ["v", "a"], values, {}
+        if kind == "identity-boolean":
+            b2 = ProgramBuilder("floating")
+            v, s, m = (b2.input("v", {"b": 2, "n": 3, "d": 2}), b2.input("s", {"b": 2, "t": 4, "e": 3}),
+                       b2.input("m", {"b": 2, "n": 3}, dtype="boolean"))
+            a = b2.input("a", {"b": 2, "t": 4}, dtype="boolean")
+            y = b2.op("observe-identity", [v, s, m, a])
+            return b2.build([y]), ["v"], {**values, "a": normal(2, 4) > 0}, {}
         w = b.bank("w", {"w": 4, "e": 3})
         c = b.bank("c", {"w": 4})
         y = b.op("observe-affine", [v, s, m, a, w, c], {"scale": 0.5})
@@ -207,6 +214,20 @@ def case_position():
     rot = b.op("position-rotary", [v, pos], {"feature_axis": "F", "base": 10000.0})
     return (b.build([rel, rot]), ["p", "q", "v"],
             {"p": normal(3), "q": normal(2, 3), "v": normal(3, 2, 4), "pos": np.array([0, 5, 11])}, {})
+
+
+def case_position_float_coordinates(width):
+    def make():
+        b = ProgramBuilder("float64")
+        v = b.input("v", {"S": 3, "H": 2, "F": 4})
+        p = b.input("p", {"S": 3})
+        q = b.input("q", {"H": 2, "S": 3})
+        rot = b.op("position-rotary", [v, p], {"feature_axis": "F", "base": 100.0})
+        sin = b.op("position-sinusoidal", [q], {"feature_axis": "W", "feature_size": width,
+                                                 "dtype": "floating", "base": 50.0})
+        return (b.build([rot, sin]), ["v", "p", "q"],
+                {"v": normal(3, 2, 4), "p": normal(3) * 2, "q": normal(2, 3) * 2}, {})
+    return make
 
 
 def case_seed():
@@ -231,7 +252,10 @@ CASES = {
     "cast": case_cast, "masked-softmax": case_masked_softmax,
     **{f"segment-{m}": case_segment(m) for m in ("sum", "mean", "amax", "softmax")},
     "window": case_window, "observe-identity": case_observe("identity"),
+    "observe-identity-boolean": case_observe("identity-boolean"),
     "observe-affine": case_observe("affine"), "position": case_position, "seed": case_seed,
+    "position-float-even": case_position_float_coordinates(6),
+    "position-float-odd": case_position_float_coordinates(5),
 }
 
 
@@ -244,7 +268,7 @@ def test_vjp_matches_finite_differences(name):
 @pytest.mark.parametrize("name", ["contract-batched-renamed", "scale-add-fanout", "reduce@2-amax",
                                   "layout", "indexing", "lookup", "scalar-map@2-softplus",
                                   "masked-softmax", "segment-softmax", "window", "observe-affine",
-                                  "position"])
+                                  "position", "position-float-odd"])
 def test_the_gradient_of_a_gradient_matches_finite_differences(name):
     """vjp(vjp(P)) loads and runs: the gradient program, differentiated again for its inputs."""
     program, wrt, inputs, banks = CASES[name]()
