@@ -523,3 +523,23 @@ def test_a_faulty_rule_is_kernel_failed_naming_the_atom(register_plugin, bad, wo
     assert (err.value.code, err.value.path) == ("kernel_failed", "$.instructions[0]")
     assert _Triple.REF in err.value.message and "acme-rules" in err.value.message
     assert words in err.value.message
+
+
+# --- torch.autograd on the same programs (tests/torch_oracle.py) ----------------------------------
+
+TORCH_CASES = ["contract", "contract-batched-renamed", "contract-two-pairs-swapped", "contract-nothing-own",
+               "scale-add-fanout", "reduce@1", "reduce@2-sum", "reduce@2-mean", "reduce@2-amax",
+               "reduce@2-logsumexp", "layout", "select", "cast", "masked-softmax", "seed",
+               *[f"scalar-map@1-{m}" for m in ("gelu", "relu", "rsqrt", "sigmoid", "silu", "tanh")],
+               *[f"scalar-map@2-{m}" for m in ("abs", "exp", "expm1", "log", "log1p", "softplus",
+                                                 "reciprocal", "sin", "cos")]]
+
+
+@pytest.mark.parametrize("name", TORCH_CASES)
+def test_vjp_matches_torch_autograd(name):
+    pytest.importorskip("torch", reason="the torch oracle needs PyTorch")
+    from tests.torch_oracle import interpret
+
+    program, wrt, inputs, banks = CASES[name]()
+    check_gradients(program, wrt, inputs, banks, directions=1,
+                    torch_fn=interpret(check_float64(program)))
