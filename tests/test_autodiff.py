@@ -543,3 +543,36 @@ def test_vjp_matches_torch_autograd(name):
     program, wrt, inputs, banks = CASES[name]()
     check_gradients(program, wrt, inputs, banks, directions=1,
                     torch_fn=interpret(check_float64(program)))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_half_precision_gradients_accumulate_in_float32(dtype, backend):
+    """A half program's gradient agrees with the float32 program's within §3b.1's tolerance."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    half = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+
+    def program(dt):
+        b = ProgramBuilder(dt)
+        x = b.input("x", {"T": 8, "D": 64})
+        w = b.bank("w", {"O": 16, "D": 64})
+        h = b.op("contract", [x, w], {"reduce_axes": [["D", "D"]], "output_axes": ["T", "O"],
+                                      "accumulation_dtype": "float32"})
+        s = b.op("scalar-map@2", [h], {"mode": "silu", "accumulation_dtype": "float32"})
+        y = b.op("reduce@2", [s], {"axis": "O", "mode": "mean", "accumulation_dtype": "float32"})
+        return b.build([y])
+
+    rng = np.random.default_rng(5)
+    x, w, c = rng.standard_normal((8, 64)), rng.standard_normal((16, 64)) * 0.1, rng.standard_normal(8)
+    x, w, c = (v.astype(half).astype(np.float32) for v in (x, w, c))  # the same values in both
+    results = {}
+    for dt, cast in (("float32", np.float32), (dtype, half)):
+        g = runtime.vjp(program(dt), ["x", "w"])
+        r = runtime.execute(g.program, inputs={"x": x.astype(cast), g.cotangents["%2"]: c.astype(cast)},
+                            banks={"w": w.astype(cast)}, backend=backend)
+        results[dt] = {k: np.asarray(r[s]).astype(np.float32) for k, s in g.gradients.items()}
+        assert all(np.asarray(r[s]).dtype == np.dtype(cast) for s in g.gradients.values())
+    rtol, atol = (2e-3, 1e-3) if dtype == "float16" else (1.6e-2, 1e-2)
+    for k in ("x", "w"):
+        scale = float(np.abs(results["float32"][k]).max())
+        np.testing.assert_allclose(results[dtype][k], results["float32"][k], rtol=rtol, atol=atol * scale)
