@@ -576,3 +576,22 @@ def test_half_precision_gradients_accumulate_in_float32(dtype, backend):
     for k in ("x", "w"):
         scale = float(np.abs(results["float32"][k]).max())
         np.testing.assert_allclose(results[dtype][k], results["float32"][k], rtol=rtol, atol=atol * scale)
+
+
+def test_the_example_transformer_block_differentiates_for_every_weight_and_its_input():
+    program = json.load(open("examples/transformer-block.program.json"))
+    rng = np.random.default_rng(11)
+    T = 5
+    inputs = {"x": rng.standard_normal((T, 64)), "positions": np.arange(T),
+              "causal_mask": np.tril(np.ones((T, T), bool)), "epsilon": np.float64(1e-5)}
+    banks = {b["name"]: rng.standard_normal([s for s in b["value_type"]["sizes"]]) * 0.15
+             for b in program["bindings"] if b["kind"] == "bank"}
+    wrt = ["x", *banks]
+    check_gradients(program, wrt, inputs, banks, directions=2)
+    g = runtime.vjp(program, wrt)  # in float32 (its w2 in float16) on cpu as on the reference
+    cot = {n: rng.standard_normal((T, 64)).astype(np.float32) for n in g.cotangents.values()}
+    from runtime.testing import assert_backends_agree
+
+    f32 = {k: (v.astype(np.float32) if v.dtype.kind == "f" else v) for k, v in inputs.items()}
+    b32 = {k: v.astype(np.float16 if k == "w2" else np.float32) for k, v in banks.items()}
+    assert_backends_agree(g.program, {**f32, **cot}, b32, rtol=2e-3, atol=2e-3)
