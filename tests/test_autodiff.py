@@ -595,3 +595,16 @@ def test_the_example_transformer_block_differentiates_for_every_weight_and_its_i
     f32 = {k: (v.astype(np.float32) if v.dtype.kind == "f" else v) for k, v in inputs.items()}
     b32 = {k: v.astype(np.float16 if k == "w2" else np.float32) for k, v in banks.items()}
     assert_backends_agree(g.program, {**f32, **cot}, b32, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["contract-batched-renamed", "masked-softmax", "scalar-map@2-softplus",
+                                  "segment-mean", "window"])
+def test_cuda_gradients_equal_the_reference(name):
+    from runtime.testing import assert_backends_agree
+
+    program, wrt, inputs, banks = CASES[name]()
+    g = runtime.vjp(program, wrt)
+    out = runtime.execute(program, inputs=inputs, banks=banks, backend="reference")
+    cot = {n: normal(*out[s].shape) for s, n in g.cotangents.items()}
+    assert_backends_agree(g.program, {**inputs, **cot}, banks, backends=("cuda",))
