@@ -45,12 +45,9 @@ class Split:
 
     def saved_bytes(self, dims: Mapping[str, int]) -> dict[str, int]:
         """Bytes of each kept value at ``dims`` ('floating' counted as float32)."""
-        out = {}
-        for slot in self.saved:
-            t = self.program.slot(slot).value_type
-            t = t.resolve(dims, "float32" if t.dtype == "floating" else None)
-            out[slot] = t.nbytes if t.is_static else 0
-        return out
+        from runtime.autodiff.transform import slot_bytes
+
+        return slot_bytes(self.program, self.saved, dims)
 
 
 def split(gradient, remat: Any = "save-all") -> Split:
@@ -58,7 +55,6 @@ def split(gradient, remat: Any = "save-all") -> Split:
     data = gradient.program
     forward_ids = {ins.instruction_id for ins in forward.instructions}
     by_slot = {ins.output_slot: ins for ins in forward.instructions}
-    specs = {ins.instruction_id: ins.atom_ref for ins in forward.instructions}
     keep = _policy(remat, forward, by_slot)
 
     backward_ins = [i for i in data["instructions"] if i["instruction_id"] not in forward_ids]
@@ -104,10 +100,8 @@ def split(gradient, remat: Any = "save-all") -> Split:
     for s in data["slots"]:
         if s["slot_id"] in produced or s["slot_id"] in bound:
             s = copy.deepcopy(s)
-            s["role"] = "output" if s["slot_id"] in gradient.gradients.values() else s["role"]
-            if s["producer"] == "instruction" and s["role"] == "output" and \
-                    s["slot_id"] not in gradient.gradients.values():
-                s["role"] = "temporary"
+            if s["producer"] == "instruction":  # the gradients are the only outputs here
+                s["role"] = "output" if s["slot_id"] in gradient.gradients.values() else "temporary"
             slots.append(s)
     slots += [{"slot_id": names[s], "value_type": copy.deepcopy(slot_types[s]), "producer": "input",
                "producer_id": names[s], "role": "input"} for s in saved_order]
@@ -120,7 +114,6 @@ def split(gradient, remat: Any = "save-all") -> Split:
                        ("max_instructions", len(instructions))):
         limits[key] = max(limits[key], count)
     recomputed = tuple(i.instruction_id for i in forward.instructions if i.instruction_id in recompute)
-    del specs
     return Split(fwd, bwd, {s: names[s] for s in saved_order},
                  tuple(b.name for b in forward.bindings if b.name in bindings),
                  dict(gradient.cotangents), dict(gradient.gradients), recomputed, forward)

@@ -56,12 +56,17 @@ class Gradient:
 
     def saved_bytes(self, dims: Mapping[str, int]) -> dict[str, int]:
         """Bytes of each saved value at ``dims`` ('floating' counted as float32)."""
-        out = {}
-        for slot in self.saved:
-            t = self.forward.slot(slot).value_type
-            t = t.resolve(dims, "float32" if t.dtype == "floating" else None)
-            out[slot] = t.nbytes if t.is_static else 0
-        return out
+        return slot_bytes(self.forward, self.saved, dims)
+
+
+def slot_bytes(program: Program, slots, dims: Mapping[str, int]) -> dict[str, int]:
+    """Bytes of each of ``slots`` at ``dims`` ('floating' counted as float32; 0 if unresolved)."""
+    out = {}
+    for slot in slots:
+        t = program.slot(slot).value_type
+        t = t.resolve(dims, "float32" if t.dtype == "floating" else None)
+        out[slot] = t.nbytes if t.is_static else 0
+    return out
 
 
 def load(src: Any, registry) -> Program:
