@@ -119,6 +119,13 @@ class Module(torch.nn.Module):
         outputs = _Run.apply(self, step, inputs, *tensors)
         return dict(zip(self.program.outputs, outputs))
 
+    def plan(self, dims: Mapping[str, int], requires_grad: tuple[str, ...] = ()) -> dict[str, Any]:
+        """A step's plans at ``dims``: ``{"forward", "backward"}`` (runtime.plan.Plan) and
+        ``"saved_bytes"``, what the forward keeps for the backward under the ``remat`` policy."""
+        step = self._step(frozenset(requires_grad))
+        return {"forward": step.forward.plan(dims), "backward": step.backward.plan(dims),
+                "saved_bytes": step.split.saved_bytes(dims)}
+
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait for the background compiles of every step built so far (``Executable.wait_compiled``)."""
         done = True

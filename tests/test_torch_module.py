@@ -92,3 +92,15 @@ def test_tensors_cross_as_views():
     bf = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
     assert rt.to_numpy(bf).dtype == ml_dtypes.bfloat16
     assert rt.to_tensor(rt.to_numpy(bf)).dtype == torch.bfloat16
+
+
+def test_a_steps_plans_report_what_the_policy_keeps():
+    _, _, _, a0, b0 = _seed_values(np.random.default_rng(2))
+    sizes = {}
+    for policy in ("save-all", "save-contractions", "save-inputs"):
+        module = rt.Module(SEED, banks={"lora.A": a0, "lora.B": b0}, remat=policy, tiered=False)
+        report = module.plan({"B": 4, "S": 512})
+        sizes[policy] = sum(report["saved_bytes"].values())
+        assert report["backward"].working_bytes > 0
+    assert sizes["save-all"] == 2 * 4 * 512 * 32 * 4 and sizes["save-inputs"] == 0
+    assert sizes["save-contractions"] == 4 * 512 * 32 * 4
