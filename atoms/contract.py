@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node
+from runtime.plugins.atomspec import AtomSpec, InferContext, Linear, Node
 from runtime.plugins.kernel import Kernel, KernelRequest, node_kernel
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
@@ -156,6 +156,11 @@ def free_contract(node: Node) -> frozenset[str]:
     return frozenset(node.output_type.axes) - reduced
 
 
+def linear_contract(node: Node) -> Linear:
+    """Linear in each operand alone; a sum over each reduce pair."""
+    return Linear((0, 1), False, tuple(((0, left), (1, right)) for left, right in node.attributes["reduce_axes"]))
+
+
 SPECS = [
     AtomSpec(name="contract", refs=refs_for("contract"), inputs=("left", "right"),
              dtypes={"left": "numeric", "right": "numeric"},
@@ -163,5 +168,6 @@ SPECS = [
              infer=infer_contract,
              kernels={"reference": node_kernel(_ref), "cpu": cpu_anchor, "cuda": cuda_anchor},
              anchors=frozenset({"cpu", "cuda"}), free_axes=free_contract, role="contraction",
+             linear=linear_contract,
              summary="sum over reduced axis pairs by name (batched GEMM; anchors epilogues)"),
 ]

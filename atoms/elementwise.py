@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp, every_axis
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp, every_axis, linear_in
 from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel
 from runtime.core.errors import fail
 from runtime.plan.fusion import Epilogue, EpilogueStep
@@ -356,12 +356,13 @@ SPECS = [
              dtypes={"value": "numeric", "factor": "numeric"},
              attributes=frozenset({"factor_axes", "accumulation_dtype"}), infer=infer_scale,
              kernels=_kernels(_ref_scale), free_axes=every_axis, elementwise=_op(lambda node: "({0} * {1})"),
-             inplace=0, summary="value * factor, factor broadcast by axis name"),
+             inplace=0, linear=linear_in(0, 1, jointly=False),
+             summary="value * factor, factor broadcast by axis name"),
     AtomSpec(name="add", refs=refs_for("add"), inputs=("left", "right"),
              dtypes={"left": "numeric", "right": "numeric"},
              attributes=frozenset({"accumulation_dtype"}), infer=infer_add,
              kernels=_kernels(_ref_add), free_axes=every_axis, elementwise=_op(lambda node: "({0} + {1})"),
-             inplace=0, summary="left + right of identical types"),
+             inplace=0, linear=linear_in(0, 1), summary="left + right of identical types"),
     AtomSpec(name="select", refs=refs_for("select"), inputs=("mask", "when_true", "when_false"),
              dtypes={"mask": "boolean", "when_true": "any", "when_false": "any"},
              attributes=frozenset(), infer=infer_select, kernels=_kernels(_ref_select),
@@ -377,7 +378,7 @@ SPECS = [
     AtomSpec(name="cast", refs=refs_for("cast"), inputs=("value",), attributes=frozenset({"dtype"}),
              dtypes={"value": "floating"},
              infer=infer_cast, kernels=_kernels(_ref_cast), elementwise=_op(cast_expr),
-             free_axes=every_axis,
+             free_axes=every_axis, linear=linear_in(0),  # (up to its rounding)
              summary="float dtype conversion: round to nearest even, beyond the range ±inf"),
     AtomSpec(name="compare", refs=refs_for("compare"), inputs=("left", "right"),
              dtypes={"left": "any", "right": "any"},

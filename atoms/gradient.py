@@ -820,7 +820,7 @@ SPECS = [
     AtomSpec(name="fill", refs=(FILL_REF,), inputs=("reference",), dtypes={"reference": "any"},
              attributes=frozenset({"axes", "dtype", "value"}), infer=infer_fill,
              kernels=_kernels(_ref_fill, _cpu_fill, _cuda_fill), elementwise=fill_op,
-             half_native=HALF_NATIVE, inplace=0, free_axes=every_axis,
+             half_native=HALF_NATIVE, inplace=0, free_axes=every_axis, types_only=(0,),
              summary="a constant over some of the reference's axes (its values are never read)"),
     AtomSpec(name="scalar-map-vjp", refs=(SCALAR_MAP_VJP_REF,), inputs=("value", "cotangent"),
              dtypes={"value": "floating", "cotangent": "floating"},

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import numpy as np
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, every_axis
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, every_axis, linear_in
 from runtime.plugins.kernel import (CompiledCall, Counts, Kernel, KernelRequest, const_array, const_int,
                                     const_scalar, flat_input, flat_output, node_kernel, plain_kernel)
 from runtime.core.errors import fail
@@ -456,7 +456,8 @@ def _spec(name, inputs, attributes, infer, reference, moves, summary, free, read
                     dtypes={operand: "any" for operand in inputs},
                     infer=infer, kernels={"reference": node_kernel(reference), "cpu": mover_cpu(moves, reads_all),
                                           "cuda": node_kernel(mover_cuda(moves))},
-                    summary=summary, free_axes=free, view=view, role=role)
+                    summary=summary, free_axes=free, view=view, role=role,
+                    linear=linear_in(*range(len(inputs))))  # moves: linear in their operands together
 
 
 SPECS = [

@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 from numba import njit, prange
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node, every_axis
+from runtime.plugins.atomspec import AtomSpec, InferContext, Linear, Node, every_axis
 from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, Counts, Kernel, KernelRequest, const_array, const_int,
                                     flat_input, node_kernel, plain_kernel)
 from runtime.core.errors import fail
@@ -268,12 +268,21 @@ def _cuda(node: Node):
     return run
 
 
+def linear_reduce(node: Node) -> Linear | None:
+    """sum: a sum over its axis; mean: linear (a sum scaled by a constant), not a sum;
+    amax, logsumexp: not linear."""
+    mode = node.attributes["mode"]
+    if mode == "sum":
+        return Linear((0,), True, (((0, node.attributes["axis"]),),))
+    return Linear((0,), True) if mode == "mean" else None
+
+
 SPECS = [
     AtomSpec(name="reduce", refs=refs_for("reduce"), inputs=("value",),
              dtypes={"value": "numeric"},
              attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce,
              kernels={"reference": node_kernel(_reference), "cpu": _cpu, "cuda": node_kernel(_cuda)},
-             free_axes=every_axis,
+             free_axes=every_axis, linear=linear_reduce,
              summary="sum over one axis in index order (deterministic); the axis is removed"),
 ]
 
@@ -551,5 +560,5 @@ SPECS.append(
              dtypes={"value": "floating"},
              attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce2,
              kernels={"reference": node_kernel(_reference2), "cpu": _cpu2, "cuda": node_kernel(_cuda2)},
-             free_axes=every_axis,
+             free_axes=every_axis, linear=linear_reduce,
              summary="sum, mean, amax or logsumexp (stable) over one axis; the axis is removed"))

@@ -6,6 +6,8 @@ inputs' chunk grid (the inputs may be chunked only along free axes,
 on its block through an executable compiled once per worker process; the banks enter the
 graph as one key, so a scheduler ships them to each worker once, where they are loaded once as
 resident banks. A block over ``max_working_bytes`` runs in slices (``run(chunks="auto")``).
+Outputs that are sums over a chunked axis (a gradient program's bank gradients,
+``FreeAxes.sums``) are summed across its blocks by a tree of tasks; the others concatenated.
 Works with any dask scheduler: threads, processes, ``dask.distributed``.
 
 An optional part of the runtime: ``pip install 'formula-runtime[dask]'``; ``import runtime``
@@ -26,9 +28,11 @@ import numpy as np
 from runtime.api import compile as compile_program, load_program
 from runtime.core.errors import fail
 from runtime.core.types import formula_dtype, numpy_dtype
+from runtime.plan.freeaxes import accumulation_dtype
 from runtime.program.model import Program
 
 CACHED = 4  # executables (and resident bank sets) kept per worker process
+SPLIT_EVERY = 8  # blocks' partial sums added per task of the tree that sums them
 
 _lock = threading.Lock()
 _executables: OrderedDict[tuple, Any] = OrderedDict()
@@ -109,16 +113,47 @@ def execute(program: Any, inputs: Mapping[str, Any], banks: Mapping[str, Any] | 
         t = types[slot]
         out_name = f"formula-out-{slot}-{token}"
         out_layer = {}
+        summed = [s for s in split if slot in exe.free_axes.sums.get(s, ())]
+        parts: dict[tuple, list] = {}  # output block -> the blocks' values that add up to it
         for idx in itertools.product(*(range(len(chunks[s])) for s in split)):
             where = dict(zip(split, idx))
-            if any(where[s] for s in split if s not in declared):
+            if any(where[s] for s in split if s not in declared and s not in summed):
                 continue  # an output without that axis is the same in every block along it
-            out_layer[(out_name, *_block(declared, where))] = (operator.getitem, (run_name, *idx), slot)
+            parts.setdefault(_block(declared, where), []).append((operator.getitem, (run_name, *idx), slot))
+        for block, values in parts.items():
+            if not summed:
+                out_layer[(out_name, *block)] = values[0]
+                continue
+            _tree_sum(out_layer, f"formula-sum-{slot}-{token}", (out_name, *block), block, values,
+                      accumulation_dtype(t.dtype), t.dtype)
         out_layer.update(layer)
         graph = HighLevelGraph.from_collections(out_name, out_layer, dependencies=dependencies)
         out_chunks = tuple(chunks[s] if s in split else (n,) for s, n in zip(declared, t.shape))
         results[slot] = da.Array(graph, out_name, out_chunks, meta=np.empty((0,) * t.rank, numpy_dtype(t.dtype)))
     return results
+
+
+def _tree_sum(layer: dict, name: str, key: tuple, block: tuple[int, ...], values: list,
+              acc: str, dtype: str) -> None:
+    """Tasks adding ``values`` (the blocks' partial sums of one output block) into ``key``: a
+    tree of at most SPLIT_EVERY values per task, added in ``acc``, rounded once to ``dtype``."""
+    level = 0
+    while len(values) > SPLIT_EVERY:
+        groups = [values[k:k + SPLIT_EVERY] for k in range(0, len(values), SPLIT_EVERY)]
+        values = []
+        for g, group in enumerate(groups):
+            layer[(name, level, g, *block)] = (_add_partials, group, acc, acc)
+            values.append((name, level, g, *block))
+        level += 1
+    layer[key] = (_add_partials, values, acc, dtype)
+
+
+def _add_partials(values: list, acc: str, dtype: str) -> np.ndarray:
+    """The sum of some blocks' partial values, in order, in ``acc``, then as ``dtype``."""
+    total = np.array(values[0], dtype=numpy_dtype(acc), copy=True)
+    for v in values[1:]:
+        total += np.asarray(v).astype(total.dtype, copy=False)
+    return total.astype(numpy_dtype(dtype), copy=False)
 
 
 def _block(sizes, where: Mapping[str, int]) -> tuple[int, ...]:

@@ -157,7 +157,7 @@ def test_seed_is_free_along_batch_and_tokens():
     assert free.free == ("B", "S") and not free.tied
     plan = exe.plan({"B": 2, "S": 3})
     assert plan.free.free == ("B", "S")
-    assert plan.to_dict()["free_axes"] == {"free": ["B", "S"], "tied": {}}
+    assert plan.to_dict()["free_axes"] == {"free": ["B", "S"], "tied": {}, "sums": {}}
     assert "free axes: B, S" in plan.describe()
 
 

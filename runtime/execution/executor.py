@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from runtime.execution import background
 from runtime.kernels import compilelog
 from runtime.plugins.atomspec import Node
 from runtime.plugins.kernel import Kernel, KernelRequest
@@ -112,7 +113,7 @@ class CompiledPlan:
             (slot, buf.offset if buf.offset is not None else plan.buffers[buf.alias_of].offset, types[slot])
             for slot, buf in plan.buffers.items() if buf.kind == "temporary")
         self._driver: Driver | None = None
-        self._driver_thread: threading.Thread | None = None
+        self._driver_thread: background.Thread | None = None
         self.driver_after = DRIVER_AFTER_RUNS  # the run that starts building the drivers
         self.driver_error: Exception | None = None
         # device plans launch kernel by kernel, and so do checked ones (to name the instruction)
@@ -131,9 +132,9 @@ class CompiledPlan:
             with self._lock:
                 self._runs += 1
                 if self._driver_thread is None and self._runs >= self.driver_after:
-                    self._driver_thread = threading.Thread(target=self._build_driver, name="formula-driver",
-                                                           args=(dict(values or {}),), daemon=True)
-                    self._driver_thread.start()
+                    self._driver_thread = background.Thread(self._build_driver, "formula-driver",
+                                                            (dict(values or {}),))
+                    self._driver_thread.start()  # (refused once the process exits)
         return self._driver
 
     def _build_driver(self, values: dict[str, Any]) -> None:
@@ -145,7 +146,8 @@ class CompiledPlan:
                 driver.compile(values)
             self._driver = driver
         except Exception as exc:  # (kernels launched from Python are as right: a driver is only faster)
-            self.drop_driver(exc, "failed to build")
+            if not background.exiting():  # (else cancelled at exit: nothing failed)
+                self.drop_driver(exc, "failed to build")
         self._driver_built = True
 
     def drop_driver(self, exc: Exception, what: str = "could not take a run's values") -> None:
@@ -894,7 +896,7 @@ class _Tiers:
     def __init__(self, exe: Executable):
         self._exe = exe
         self._lock = threading.Lock()
-        self._pending: dict[tuple, threading.Thread] = {}
+        self._pending: dict[tuple, background.Thread] = {}
         self._errors: dict[tuple, FormulaError] = {}
         self._fallback: Executable | None = None
 
@@ -929,16 +931,15 @@ class _Tiers:
                           for name, v in bound.values.items()}  # the caller may change its arrays
                 # started once this run is done (fallback_run): Numba holds the GIL while it
                 # compiles, which would hold up the reference run the caller is waiting for
-                self._pending[key] = threading.Thread(
-                    target=self._compile, name="formula-compile", daemon=True,
-                    args=(key, dict(bound.dims), dtypes, resident, bound, values))
+                self._pending[key] = background.Thread(
+                    self._compile, "formula-compile", (key, dict(bound.dims), dtypes, resident, bound, values))
         return None
 
     def _start_pending(self) -> None:
         with self._lock:
-            for thread in self._pending.values():
-                if thread.ident is None:
-                    thread.start()
+            for key, thread in list(self._pending.items()):
+                if thread.ident is None and not thread.start():  # the process is exiting
+                    del self._pending[key]
 
     def _compile(self, key, dims, dtypes, resident, bound, values) -> None:
         exe = self._exe
@@ -954,10 +955,13 @@ class _Tiers:
                     compiled.release_arena(arena)
             compiled.warm()  # (the drivers go on building: the plan is published without them)
             mark_ready(exe._ready_key(dtypes, resident))
-        except FormulaError as exc:
-            with self._lock:
-                self._errors[key] = exc
         except Exception as exc:  # a kernel that fails to compile must not be lost in a thread
+            if background.exiting():  # cancelled at exit (background.Cancelled): nothing failed
+                return
+            if isinstance(exc, FormulaError):
+                with self._lock:
+                    self._errors[key] = exc
+                return
             error = FormulaError("backend_unavailable", "$", f"compiling the {exe.backend.name} kernels "
                                  f"for extents {dims or '{}'} failed in the background: "
                                  f"{type(exc).__name__}: {exc}")

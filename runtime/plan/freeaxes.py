@@ -6,6 +6,14 @@ values as the whole run: every instruction maps the axes it sizes position by po
 extent (or at extent 1, broadcast), no tensor carries it twice, no bank carries it (banks are
 not sliced) and an input carries it (its extent comes from the values). Decided once per
 program, on the declared (symbolic) types.
+
+A free symbol may also be summed over (a gradient program's bank gradients are sums over the
+batch and token axes): an instruction whose ``AtomSpec.linear`` declares a summation index
+running along the symbol's axes in every operand that carries it makes an output that is the
+sum of the slices' outputs, and so does a linear atom (add, scale, a layout move, another
+sum, ``Linear``) of such sums with values no slice changes. Those slots are *sums over* the
+symbol; a chunked run adds the slices' values of the outputs among them. Any other reader of a
+sum ties the symbol, so every sum is exact: the slices' results add up to the whole.
 """
 from __future__ import annotations
 
@@ -14,28 +22,34 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from runtime.core.types import TensorType
-from runtime.plugins.atomspec import AtomSpec, Node
+from runtime.plugins.atomspec import AtomSpec, Linear, Node
 from runtime.program.model import Program
 
 
 @attrs.frozen
 class FreeAxes:
-    """``free``: the free symbols, in program order; ``tied``: every other symbol -> why."""
+    """``free``: the free symbols, in program order; ``tied``: every other symbol -> why;
+    ``sums``: free symbol -> the outputs that are sums over it (added slice by slice)."""
 
     free: tuple[str, ...]
     tied: Mapping[str, str]
+    sums: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
 
     def to_dict(self) -> dict:
-        return {"free": list(self.free), "tied": dict(self.tied)}
+        return {"free": list(self.free), "tied": dict(self.tied),
+                "sums": {s: list(slots) for s, slots in self.sums.items()}}
 
     def describe(self) -> str:
         lines = [f"free axes: {', '.join(self.free) if self.free else 'none'}"]
+        lines += [f"  summed over {s}: {', '.join(slots)} (a chunked run adds the slices' values)"
+                  for s, slots in self.sums.items()]
         lines += [f"  {s} is tied: {why}" for s, why in self.tied.items()]
         return "\n".join(lines)
 
 
 def free_axes(program: Program, specs: Sequence[AtomSpec]) -> FreeAxes:
-    """The free symbols of ``program`` (``specs``: each instruction's atom, in order)."""
+    """The free symbols of ``program`` (``specs``: each instruction's atom, in order), and the
+    outputs that are sums over them."""
     tied: dict[str, str] = {}
 
     def tie(symbol: str, why: str) -> None:
@@ -58,17 +72,25 @@ def free_axes(program: Program, specs: Sequence[AtomSpec]) -> FreeAxes:
             if s in seen:
                 tie(s, f"{name!r} carries it on two axes ({seen[s]!r} and {a!r})")
             seen[s] = a
+    summed: dict[str, set[str]] = {}  # symbol -> the slots that are sums over it
     for i, (ins, spec) in enumerate(zip(program.instructions, specs)):
         operands = tuple(types[s] for s in ins.input_slots)
         out = types[ins.output_slot]
         node = Node(i, ins.instruction_id, spec, ins.attributes, tuple(ins.input_slots),
                     ins.output_slot, operands, out, f"$.instructions[{i}]")
         free = spec.free_axes(node) if spec.free_axes is not None else frozenset()
+        linear = spec.linear(node) if spec.linear is not None else None
         where = f"instruction {ins.instruction_id!r} ({spec.name})"
         named = [(spec.inputs[k] if k < len(spec.inputs) else f"operand {k}", t)
                  for k, t in enumerate(operands)] + [("its output", out)]
-        for what, t in named:
+        sums_here = {s for s in _symbols(operands) - _symbols((out,)) if _sums_over(operands, linear, s)}
+        out_symbols = _symbols((out,))
+        for k, (what, t) in enumerate(named):
             for a, s in _symbolic(t):
+                if s in sums_here:
+                    continue  # a summation index: the slices' outputs add up to the whole
+                if k in spec.types_only and s not in out_symbols:
+                    continue  # only its type is read: the output is the same in every slice
                 if a not in free:
                     tie(s, f"{where} ties axis {a!r} of {what}" + (
                         "" if spec.free_axes is not None else " (the atom declares no free axis)"))
@@ -81,11 +103,66 @@ def free_axes(program: Program, specs: Sequence[AtomSpec]) -> FreeAxes:
             for what, t in named[:-1]:
                 if a in t.axes and t.size_of(a) not in (s, 1):
                     tie(s, f"{where}: {what} has axis {a!r} at extent {t.size_of(a)}, not {s}")
+        read = [slot for k, slot in enumerate(ins.input_slots) if k not in spec.types_only]
+        for s in sums_here | {s for s, slots in summed.items() if slots & set(read)}:
+            why = _why_not_a_sum(ins.input_slots, operands, out, linear, s,
+                                 summed.get(s, set()) & set(read), s in sums_here)
+            if why is None:
+                summed.setdefault(s, set()).add(ins.output_slot)
+            else:
+                tie(s, f"{where} {why}")
     for s in program.symbols:
         if s not in carried_by_input:
             tie(s, "no input carries it")
     free_symbols = tuple(s for s in program.symbols if s not in tied)
-    return FreeAxes(free_symbols, {s: tied[s] for s in program.symbols if s in tied})
+    sums = {s: tuple(o for o in program.outputs if o in summed.get(s, ())) for s in free_symbols}
+    return FreeAxes(free_symbols, {s: tied[s] for s in program.symbols if s in tied},
+                    {s: slots for s, slots in sums.items() if slots})
+
+
+def _symbols(ts: Sequence[TensorType]) -> set[str]:
+    return {s for t in ts for _, s in _symbolic(t)}
+
+
+def _sums_over(operands: Sequence[TensorType], linear: Linear | None, symbol: str) -> bool:
+    """Whether every axis ``symbol`` sizes in ``operands`` lies on a summation index of
+    ``linear`` that runs along ``symbol`` alone (so each slice sums a part of its terms)."""
+    if linear is None or not linear.sums:
+        return False
+    covered = set()
+    for index in linear.sums:
+        sizes = {operands[k].size_of(a) for k, a in index}
+        if symbol in sizes:
+            if sizes != {symbol}:
+                return False  # paired with a static axis or another symbol
+            covered.update(index)
+    return covered == {(k, a) for k, t in enumerate(operands) for a, s in _symbolic(t) if s == symbol}
+
+
+def _why_not_a_sum(slots: Sequence[str], operands: Sequence[TensorType], out: TensorType,
+                   linear: Linear | None, symbol: str, sums: set[str], summing: bool) -> str | None:
+    """Why the instruction's output is no sum over ``symbol`` though it sums over it
+    (``summing``) or reads a sum over it (``sums``); None when it is one."""
+    read = [k for k, slot in enumerate(slots) if slot in sums]
+    if summing:  # its other operands must be the same in every slice
+        if read:
+            return f"sums over {symbol!r} and also reads {slots[read[0]]!r}, a sum over it"
+        return None
+    sum_name = slots[read[0]]
+    if symbol in _symbols((*operands, out)):
+        return f"reads {sum_name!r}, a sum over {symbol!r}, together with values that carry {symbol!r}"
+    if linear is None:
+        return f"reads {sum_name!r}, a sum over {symbol!r}, and is not linear in it"
+    fixed = [k for k in range(len(slots)) if k not in linear.operands]
+    if any(k in read for k in fixed):
+        return f"reads {sum_name!r}, a sum over {symbol!r}, as an operand it is not linear in"
+    if linear.jointly and len(read) != len(linear.operands):
+        other = next(slots[k] for k in linear.operands if k not in read)
+        return (f"adds {sum_name!r}, a sum over {symbol!r}, to {other!r}, which is not one (each slice "
+                "would add it again)")
+    if not linear.jointly and len(read) > 1:
+        return f"multiplies {sum_name!r} and {slots[read[1]]!r}, both sums over {symbol!r}"
+    return None
 
 
 def _symbolic(t: TensorType):
@@ -107,7 +184,9 @@ __all__ = ["FreeAxes", "free_axes", "slice_axes"]
 class Chunking:
     """How a run is split along one free symbol: ``count`` slices of ``size`` positions (the
     last one starts at ``extent - size``, overlapping the one before when ``size`` does not
-    divide ``extent``: every slice has one shape, so one compiled plan and one arena serve all)."""
+    divide ``extent``: every slice has one shape, so one compiled plan and one arena serve all).
+    With ``sums`` (output slot -> the dtype its slices' values are added in: outputs that are
+    sums over the symbol) no slice overlaps: the last one is shorter instead, with a plan of its own."""
 
     symbol: str
     extent: int
@@ -116,23 +195,44 @@ class Chunking:
     requested: str | int  # "auto" or the positions per slice the caller asked for
     whole_working_bytes: int  # what the unsliced run would need
     slice_working_bytes: int
+    sums: tuple[tuple[str, str], ...] = ()
 
     def starts(self) -> list[int]:
-        return [min(k * self.size, self.extent - self.size) for k in range(self.count)]
+        return [start for start, _ in self.slices()]
+
+    def slices(self) -> list[tuple[int, int]]:
+        """(start, positions) of each slice, in order."""
+        if self.sums:  # an overlap would add its positions twice
+            return [(k * self.size, min(self.size, self.extent - k * self.size)) for k in range(self.count)]
+        return [(min(k * self.size, self.extent - self.size), self.size) for k in range(self.count)]
 
     def to_dict(self) -> dict:
         return {"symbol": self.symbol, "extent": self.extent, "size": self.size, "count": self.count,
                 "starts": self.starts(), "requested": self.requested,
                 "whole_working_bytes": self.whole_working_bytes,
-                "slice_working_bytes": self.slice_working_bytes}
+                "slice_working_bytes": self.slice_working_bytes,
+                "sums": dict(self.sums)}
 
     def describe(self) -> str:
-        overlap = self.count * self.size - self.extent
-        return (f"chunked along {self.symbol} (chunks={self.requested!r}): {self.extent} positions in "
+        last = self.extent - (self.count - 1) * self.size
+        overlap = 0 if self.sums else self.count * self.size - self.extent
+        text = (f"chunked along {self.symbol} (chunks={self.requested!r}): {self.extent} positions in "
                 f"{self.count} slices of {self.size}"
                 + (f" (the last overlaps the one before by {overlap})" if overlap else "")
+                + (f" (the last of {last})" if self.sums and last != self.size else "")
                 + f"; each slice's working set {self.slice_working_bytes:,} bytes, the whole run's "
                   f"{self.whole_working_bytes:,}")
+        if self.sums:
+            text += "\n" + "\n".join(
+                f"  {slot} is a sum over {self.symbol}: each slice's value is added into it, in {acc}"
+                for slot, acc in self.sums)
+        return text
+
+
+def accumulation_dtype(dtype: str) -> str:
+    """The dtype the slices' values of a sum are added in: SPEC c(float32, d) (float32, float64
+    for float64; half outputs are rounded once, at the end); an integer sum in its own dtype."""
+    return dtype if dtype in ("float64", "int64") else "float32"
 
 
 def even_slices(extent: int, most: int) -> tuple[int, int]:
@@ -141,4 +241,4 @@ def even_slices(extent: int, most: int) -> tuple[int, int]:
     return -(-extent // count), count
 
 
-__all__ += ["Chunking", "even_slices"]
+__all__ += ["Chunking", "accumulation_dtype", "even_slices"]

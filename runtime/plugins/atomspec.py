@@ -89,10 +89,33 @@ class AtomSpec:
     # rule of another plugin's atom through the ``formula_register_vjps`` hook instead.
     vjp: Callable[[Any], Mapping[int, str]] | None = None
     differentiable: tuple[int, ...] = ()
+    # how the output is linear in its operands (``linear(node)`` -> ``Linear`` or None), so that
+    # a chunked run may add the slices' results of sums over a free axis (runtime.plan.freeaxes).
+    # None: not linear (the default for plugin atoms).
+    linear: Callable[["Node"], "Linear | None"] | None = None
+    # operand positions whose types alone the atom reads, never a value (fill's reference): an
+    # axis of theirs the output lacks ties no free symbol (runtime.plan.freeaxes)
+    types_only: tuple[int, ...] = ()
 
     @property
     def ref(self) -> str:
         return self.refs[0]
+
+
+@attrs.frozen
+class Linear:
+    """How an atom's output is linear in its operands (``AtomSpec.linear``).
+
+    ``operands``: the positions it is linear in, every other operand held fixed. ``jointly``:
+    linear in them together, f(a + a', b + b') = f(a, b) + f(a', b') (add, layout moves, a
+    sum), else in each one alone with the others fixed (contract, scale). ``sums``: the
+    output's summation indices, each the (operand position, axis) pairs it runs along
+    together; the output is the sum over them of terms that read every operand at that index
+    only (contract's reduce pairs, a sum-reduction's axis)."""
+
+    operands: tuple[int, ...]
+    jointly: bool
+    sums: tuple[tuple[tuple[int, str], ...], ...] = ()
 
 
 @attrs.frozen
@@ -241,14 +264,20 @@ def axes_except(*keys: str) -> Callable[["Node"], frozenset[str]]:
     return free
 
 
+def linear_in(*operands: int, jointly: bool = True) -> Callable[["Node"], Linear]:
+    """``linear`` of an atom linear in ``operands`` whatever its attributes (add, layout moves)."""
+    form = Linear(tuple(operands), jointly)
+    return lambda node: form
+
+
 def _is_floating(dtype: str) -> bool:
     from runtime.core.types import is_float
 
     return is_float(dtype)
 
 
-__all__ = ["AtomSpec", "ScalarOp", "Node", "InferContext", "FormulaError", "KernelFactory",
-           "Kernel", "KernelRequest", "every_axis", "axes_except", "no_axis"]
+__all__ = ["AtomSpec", "ScalarOp", "Linear", "Node", "InferContext", "FormulaError", "KernelFactory",
+           "Kernel", "KernelRequest", "every_axis", "axes_except", "no_axis", "linear_in"]
 
 
 def bind_node(spec: AtomSpec, attributes: Mapping[str, Any], input_types: Sequence[TensorType],
