@@ -134,6 +134,9 @@ def infer_scatter_add(ctx: InferContext) -> TensorType:
         fail("binding_dtype", f"{ctx.path}.input_slots[2]",
              f"scatter: base is bound as {tb.dtype} but updates as {tu.dtype}; floating operands "
              f"that must agree need one float dtype")
+    if tu.dtype != expected.dtype:  # exactly: `floating` beside a concrete float dtype is no match
+        ctx.mismatch(f"updates must have exactly the type gather(base, indices) gives: dtype "
+                     f"{expected.dtype}, got {tu.dtype}", 2)
     ctx.require_same_dtype_domain(0, 2)
     for a, want, got in zip(tu.axes, expected.sizes, tu.sizes):
         ctx.require_extent(got, want, f"updates axis {a!r} against gather(base, indices)", 2)

@@ -38,7 +38,8 @@ def masked_softmax_numpy(x: np.ndarray, mask: np.ndarray, position: int) -> np.n
         mx = np.where(visible, np.where(m, x, -np.inf).max(axis=-1, keepdims=True), 0)
         e = np.exp(np.where(m, x - mx, -np.inf))  # exponents <= 0; masked -> exp(-inf) = 0
         s = e.sum(axis=-1, keepdims=True)
-        res = np.where(s > 0, e / np.where(s > 0, s, 1), 0).astype(x.dtype)
+        # hidden entries 0; visible ones e / s: a NaN or ±inf among them gives NaN (IEEE, as cpu)
+        res = np.where(m, e / np.where(visible, s, 1), 0).astype(x.dtype)
     return np.moveaxis(res, -1, position)
 
 

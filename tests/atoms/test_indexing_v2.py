@@ -149,6 +149,20 @@ def test_scatter_add_floating_bindings_of_two_dtypes():
            backend="reference")
 
 
+@pytest.mark.parametrize("base, updates", [("float64", "floating"), ("floating", "float32"),
+                                           ("float16", "floating")])
+def test_scatter_add_floating_beside_a_float_dtype_is_refused_at_load(base, updates):
+    """§3b: updates have exactly the type gather(base, indices) gives; `floating` beside a
+    concrete float dtype loaded, then failed at run time (or ran, with the other binding)."""
+    prog = one("scatter@2", [("b", ["N"], [2], base), ("i", ["J"], [1], "int64"),
+                             ("u", ["J"], [1], updates)], SA, ["N"], [2], base)
+    err = expect("type_mismatch", "$.instructions[0].input_slots[2]", runtime.load_program, prog,
+                 needle="exactly the type gather(base, indices) gives")
+    assert f"dtype {base}, got {updates}" in err.message
+    expect("type_mismatch", f"{INS}.input_slots[2]", infer, SCATTER, SA, T("N", (2,), base), I("J", (1,)),
+           T("J", (1,), updates))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_scatter_add_index_range(backend):
     prog = one("scatter@2", [("b", ["N"], [2], "float32"), ("i", ["J"], [2], "int64"),

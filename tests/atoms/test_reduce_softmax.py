@@ -137,6 +137,30 @@ def test_masked_softmax_cpu_visible_spans_match_reference(axis):
     np.testing.assert_array_equal(got[~mask], 0.0)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("axis", ["A", "D"])
+def test_masked_softmax_reference_propagates_non_finite_visible_logits_as_cpu(axis, dtype):
+    """SPEC §3b: non-finite values follow IEEE. A NaN, +inf or an all -inf row among the
+    visible logits makes the row's visible entries NaN on both backends (the oracle gave 0:
+    ``s > 0`` is false for NaN); hidden entries stay 0, a hidden NaN changes nothing."""
+    inf, nan = np.inf, np.nan
+    x = np.array([[1, nan, 2, 0], [inf, 1, 2, 0], [-inf, -inf, -inf, 0], [-inf, 1, 2, 0],
+                  [nan, 1, 2, 5], [1, 2, 3, nan], [nan, nan, 1, 2]], dtype)
+    mask = np.array([[1, 1, 1, 0]] * 4 + [[0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]], bool)
+    if axis == "A":
+        x, mask = np.ascontiguousarray(x.T), np.ascontiguousarray(mask.T)
+    types = [T("AD", x.shape, dtype), T("AD", mask.shape, "boolean")]
+    attrs_ = {"axis": axis, "accumulation_dtype": "float32"}
+    want = run("masked-softmax", attrs_, types, [x, mask])
+    got = run("masked-softmax", attrs_, types, [x, mask], "cpu")
+    np.testing.assert_array_equal(np.isnan(want), np.isnan(got))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    rows = want if axis == "D" else want.T
+    assert np.isnan(rows[[0, 1, 2, 5]][:, :3]).all() and np.isnan(rows[5, 3])
+    assert not np.isnan(rows[[3, 4, 6]]).any()
+    np.testing.assert_array_equal(want[~mask], 0.0)
+
+
 def test_masked_softmax_is_stable_and_broadcasts_the_mask():
     x = np.array([[1000.0, 1000.0], [-1000.0, 0.0]], dtype=np.float32)  # naive exp overflows
     mask = np.array([True, True])  # only along D: broadcast over A
