@@ -33,8 +33,9 @@ from runtime.plan.memory import memory_limit as runtime_memory_limit, no_memory_
 from runtime.plan.halves import widen_halves
 from runtime.program.model import Program
 from runtime.execution.outputs import check_out
+from runtime.execution.partials import PartialSums
 from runtime.execution.pool import ResultPool
-from runtime.plan.freeaxes import Chunking, FreeAxes, even_slices, free_axes
+from runtime.plan.freeaxes import Chunking, FreeAxes, accumulation_dtype, even_slices, free_axes
 from runtime.plan.planner import Plan, make_plan, output_extras
 from runtime.plugins.registry import Registry
 from runtime.execution.resident import ResidentBanks
@@ -548,8 +549,11 @@ class Executable:
         if entry is not None:
             return entry
         whole, types, _ = self._schedule(dims, dtypes, enforce=False)
-        entry = (self._choose_chunking(whole, dims, dtypes, chunks),
-                 {slot: types[slot] for slot in self.program.outputs}, ResultPool())
+        chunking = self._choose_chunking(whole, dims, dtypes, chunks)
+        if chunking is not None and self.free_axes.sums.get(chunking.symbol):  # added slice by slice
+            chunking = attrs.evolve(chunking, sums=tuple(
+                (slot, accumulation_dtype(types[slot].dtype)) for slot in self.free_axes.sums[chunking.symbol]))
+        entry = (chunking, {slot: types[slot] for slot in self.program.outputs}, ResultPool())
         with self._plans_lock:
             if len(self._chunkings) >= MAX_CACHED_PLANS:
                 self._chunkings.clear()
@@ -627,8 +631,11 @@ class Executable:
             return self._run_bound(bound, inputs, banks, trace, out,
                                    {**bound.dims, **slice_of} if slice_of is not None else None)
         symbol = chunking.symbol
-        compiled = self._compiled({**bound.dims, symbol: chunking.size}, dtypes, resident,
-                                  whole={**bound.dims, **(slice_of or {})})
+        # one plan per slice size (a shorter last slice when outputs are sums over the symbol)
+        plans = {n: self._compiled({**bound.dims, symbol: n}, dtypes, resident,
+                                   whole={**bound.dims, **(slice_of or {})})
+                 for n in dict.fromkeys(n for _, n in chunking.slices())}
+        compiled = plans[chunking.size]
         given = check_out(out, self.program.outputs, whole_types, bound.values, is_device_array) \
             if out is not None else {}
         backend = self.backend
@@ -645,36 +652,42 @@ class Executable:
         axes = {name: _axis_of(t, symbol) for name, t in
                 [(b.name, b.value_type) for b in self.program.bindings]
                 + [(s, self.program.slot(s).value_type) for s in results]}  # declared: symbolic
+        sums = PartialSums(dict(chunking.sums), results, whole_types, backend.to_host)
         slices = []
-        for start in chunking.starts():
-            def cut(name, value, start=start):
+        for start, size in chunking.slices():
+            def cut(name, value, start=start, size=size):
                 k = axes[name]
                 if k is None:
                     return value
-                index = (slice(None),) * k + (slice(start, start + chunking.size),)
+                index = (slice(None),) * k + (slice(start, start + size),)
                 return value[index]
             values = {name: cut(name, v) for name, v in bound.values.items()}
-            slices.append((values, {slot: cut(slot, r) for slot, r in results.items()}))
-        for values, _ in slices:  # index checks of every slice before any kernel writes a result
-            for node, positions in compiled.upfront_checks:
+            slices.append((size, values, {slot: cut(slot, r) for slot, r in results.items()
+                                          if slot not in sums.slots}))
+        for size, values, _ in slices:  # index checks of every slice before any kernel writes a result
+            for node, positions in plans[size].upfront_checks:
                 _check(node, positions, lambda slot: values[slot])
         records: list[dict[str, Any]] | None = [] if trace else None
-        arena = compiled.acquire_arena()
+        arenas = {n: c.acquire_arena() for n, c in plans.items()}
         try:
-            for k, (values, targets) in enumerate(slices):
-                part = BoundValues(values, {**bound.dims, symbol: chunking.size},
+            for k, (size, values, targets) in enumerate(slices):
+                part = BoundValues(values, {**bound.dims, symbol: size},
                                    sum(getattr(v, "nbytes", 0) for v in values.values()),
                                    resident=bound.resident)
                 # a target a kernel can write (C-contiguous) is written in place; others are copied
                 inplace = {slot: t for slot, t in targets.items() if _contiguous(t)}
-                got = self._execute(compiled, part, arena, trace, inplace, (inputs, banks))
+                got = self._execute(plans[size], part, arenas[size], trace, {**inplace, **sums.target(k)},
+                                    (inputs, banks))
                 for slot, t in targets.items():
                     if slot not in inplace:
                         t[...] = got[slot]
+                sums.add(k, got)
                 if records is not None:
                     records.extend({**r, "chunk": k} for r in got.trace)
         finally:
-            compiled.release_arena(arena)
+            for n, c in plans.items():
+                c.release_arena(arenas[n])
+        sums.finish()
         return Result({slot: results[slot] for slot in self.program.outputs}, records,
                       attrs.evolve(compiled.plan, chunking=chunking))
 
