@@ -15,6 +15,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from runtime.plugins import failures
 from runtime.plugins.atomspec import InferContext
 from runtime.program.model import type_to_dict
 from runtime.core.types import TensorType
@@ -71,8 +72,9 @@ class ProgramBuilder:
         from runtime.plugins.registry import default_registry
 
         registry = self.registry or default_registry()
-        # "scale", "reduce@2", or a whole reference ("arti/formula-atom-scale@1")
-        ref = ref or (atom if "/" in atom else f"arti/formula-atom-{atom}" + ("" if "@" in atom else "@1"))
+        # "scale", "reduce@2", "hardswish", or a whole reference ("arti/formula-atom-scale@1")
+        ref = ref or (atom if "/" in atom else
+                      short_ref(registry, atom, f"$.instructions[{len(self.instructions)}].atom_ref"))
         spec = registry.atom(ref, "$")
         iid = f"i{len(self.instructions)}"
         slot = slot or f"%{len(self.instructions)}"
@@ -80,7 +82,7 @@ class ProgramBuilder:
         check_signature(spec, inputs, attributes, f"$.instructions[{len(self.instructions)}]")
         ctx = InferContext(spec, f"$.instructions[{len(self.instructions)}]", attributes,
                             [self.types[s] for s in inputs], inputs)
-        out = spec.infer(ctx)
+        out = failures.infer(spec, ctx)
         step = step or 1 + max((self._steps.get(s, 0) for s in inputs), default=0)
         self.instructions.append({"instruction_id": iid, "step": step, "atom_ref": ref,
                                   "input_slots": list(inputs), "output_slot": slot,
@@ -104,3 +106,32 @@ class ProgramBuilder:
                 "bindings": copy.deepcopy(self.bindings), "slots": slots,
                 "instructions": [copy.deepcopy(self.instructions[i]) for i in order],
                 "outputs": list(outputs), "limits": {**DEFAULT_LIMITS, **(limits or {})}}
+
+
+def _short(ref: str) -> str:
+    """``owner/formula-atom-name@N`` -> ``name@N`` (``name`` for N = 1): the name ``op`` takes."""
+    family, _, version = ref.partition("@")
+    name = family.rpartition("/")[2].removeprefix("formula-atom-")
+    return name if version == "1" else f"{name}@{version}"
+
+
+def short_ref(registry, atom: str, path: str = "$.atom_ref") -> str:
+    """The reference a short atom name (``scale``, ``reduce@2``, ``hardswish``) stands for,
+    among every plugin's atoms: the built-in ``arti/`` one first, else the one reference of
+    that name; a name that several plugins register, or none, is ``unknown_atom`` listing the
+    references it could mean (or the names close to it)."""
+    from runtime.core.errors import did_you_mean, fail
+
+    builtin = f"arti/formula-atom-{atom}" + ("" if "@" in atom else "@1")
+    if builtin in registry.atoms:
+        return builtin
+    wanted = atom if "@" in atom else f"{atom}@1"
+    matches = sorted(r for r in registry.atoms if _short(r) == atom or f"{_short(r)}@1" == wanted)
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        fail("unknown_atom", path, f"atom name {atom!r} is registered by several plugins: "
+                                   f"{', '.join(matches)}; pass the whole reference (ref=...)")
+    fail("unknown_atom", path, f"no plugin registers an atom named {atom!r}"
+         f"{did_you_mean(atom, {_short(r) for r in registry.atoms})}; pass a whole reference "
+         f"(owner/name@N, see `formula atoms`) or a short name such as 'scale' or 'reduce@2'")

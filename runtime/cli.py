@@ -613,7 +613,7 @@ def _plugins(args) -> int:
 
     rows = diagnostics.plugins_report(default_registry())
     if args.json:
-        _emit(args, all(r["status"] == "loaded" for r in rows), plugins=rows)
+        _emit(args, all(r["status"] == "loaded" and not r["problems"] for r in rows), plugins=rows)
     else:
         print(diagnostics.format_plugins(rows))
     return 0

@@ -62,12 +62,14 @@ TOLERANCES = {"float64": (1e-10, 1e-10), "float32": (2e-4, 2e-5), "float16": (1e
 
 def assert_backends_agree(program, inputs=None, banks=None, backends: Sequence[str] = ("cpu",),
                           rtol: float | None = None, atol: float | None = None, registry=None):
-    """Run on ``reference`` and each backend; every output must match the oracle."""
+    """Run on ``reference`` and each backend; every output must match the oracle. Each backend
+    runs untiered: its own kernels, never the reference ones it would start on while compiling."""
     from runtime.api import compile as _compile
 
     expected = _compile(program, "reference", registry).run(inputs=inputs, banks=banks)
     for backend in backends:
-        got = _compile(program, backend, registry).run(inputs=inputs, banks=banks)
+        got = _compile(program, backend, registry, tiered=False).run(inputs=inputs, banks=banks)
+        assert got.tier == backend, (backend, got.tier)
         assert set(got) == set(expected)
         for slot, want in expected.items():
             have = np.asarray(got[slot])

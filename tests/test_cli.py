@@ -382,7 +382,7 @@ def test_json_atoms_and_plugins(capsys):
     doc = _json(capsys)
     names = {p["name"] for p in doc["plugins"]}
     assert {"atoms", "runtime.backends"} <= names
-    assert doc["ok"] == all(p["status"] == "loaded" for p in doc["plugins"])
+    assert doc["ok"] == all(p["status"] == "loaded" and not p["problems"] for p in doc["plugins"])
 
 
 def test_compile_notice_goes_to_stderr(capsys, monkeypatch):

@@ -21,6 +21,7 @@ import numpy as np
 
 from runtime.execution import background
 from runtime.kernels import compilelog
+from runtime.plugins import failures
 from runtime.plugins.atomspec import Node
 from runtime.plugins.kernel import Kernel, KernelRequest
 from runtime.backends.base import Backend
@@ -172,7 +173,13 @@ class CompiledPlan:
         ``Executable.warm``)."""
         for launch in self.launches:
             if launch.kernel.warm is not None:
-                launch.kernel.warm()
+                try:
+                    launch.kernel.warm()
+                except (FormulaError, MemoryError):
+                    raise
+                except Exception as exc:
+                    raise _group_failed(launch.nodes, self.backend.name, "kernel (compiling its variants)",
+                                        exc) from exc
 
     def acquire_arena(self) -> dict[str, Any]:
         """Each concurrent run gets its own arena, reused run after run: given as the views
@@ -388,7 +395,14 @@ class Executable:
             inputs: tuple[str, ...] = ()
             request = KernelRequest(None, epilogue, count_extras=count_extras, check_outputs=check_outputs,
                                     output_extras=in_output)
-            kernel = self.backend.elementwise_kernel(request)
+            try:
+                kernel = self.backend.elementwise_kernel(request)
+            except (FormulaError, MemoryError):
+                raise
+            except Exception as exc:  # the generated code of checked expressions did not compile
+                exprs = "; ".join(repr(step.op.expr) for step in epilogue.steps)
+                raise _group_failed(group.nodes, backend, f"kernel generated from ScalarOp {exprs}",
+                                    exc) from exc
         else:
             anchor = group.anchor
             inputs = anchor.input_slots
@@ -401,7 +415,8 @@ class Executable:
                 anchor, epilogue, count_inputs=tuple(k for k, slot in enumerate(inputs) if slot in unclaimed),
                 count_extras=count_extras, resident=tuple(k for k, slot in enumerate(inputs) if slot in resident),
                 check_outputs=check_outputs, output_extras=in_output)
-            kernel = factory(request)
+            kernel = failures.guard(factory, anchor.atom, anchor.path, f"{backend!r} kernel factory",
+                                    request, backend=backend)
             if not isinstance(kernel, Kernel):
                 fail("plugin_error", anchor.path,
                      f"the {backend!r} kernel factory of atom {anchor.atom.name} ({anchor.atom.ref}) "
@@ -755,8 +770,11 @@ class Executable:
                 try:
                     found = part.run(values)
                 except Exception as exc:  # Numba refusing these values' types: before any kernel ran
-                    if not type(exc).__module__.startswith("numba"):
+                    if isinstance(exc, (FormulaError, MemoryError)):
                         raise
+                    if not type(exc).__module__.startswith("numba"):
+                        nodes = [n for k in part.launches for n in compiled.launches[k].nodes]
+                        raise _group_failed(nodes, backend.name, "kernel (in a compiled call)", exc) from exc
                     compiled.drop_driver(exc)
                     for k in part.launches:
                         self._run_launch(compiled.launches[k], values, bound, raw, None)
@@ -787,7 +805,12 @@ class Executable:
         out = values[launch.output]
         started = time.perf_counter() if records is not None else 0.0
         extras = [align(values[s]) for s, align in zip(launch.extras, launch.aligners)]
-        found = launch.kernel([values[s] for s in launch.inputs], extras, out)
+        try:
+            found = launch.kernel([values[s] for s in launch.inputs], extras, out)
+        except (FormulaError, MemoryError):
+            raise
+        except Exception as exc:  # plugin code: named, the exception kept as the cause
+            raise _group_failed(launch.nodes, backend.name, "kernel", exc) from exc
         if found and launch.counts_nonfinite:  # non-finite values read
             self._binder.check_finite(bound, launch.counts_nonfinite, *raw)
         if launch.check_output == "kernel" and found or launch.check_output == "scan":
@@ -855,7 +878,16 @@ def _check(node: Node, positions, fetch) -> None:
     host = [None] * len(node.input_slots)
     for k in positions:
         host[k] = fetch(node.input_slots[k])
-    node.atom.check_values(node, host)
+    failures.guard(node.atom.check_values, node.atom, node.path, "value check (check_values)", node, host)
+
+
+def _group_failed(nodes, backend: str, what: str, exc: Exception) -> FormulaError:
+    """kernel_failed for the kernel of a group: named by its first node (the anchor, whose
+    kernel ran, or the chain's first step), the others it fused listed."""
+    node = nodes[0]
+    others = [f"{n.instruction_id} ({n.atom.ref})" for n in nodes[1:]]
+    fused = f" (fused with {', '.join(others)})" if others else ""
+    return failures.kernel_failed(node.atom, node.path, f"{backend!r} {what}{fused}", exc, backend)
 
 
 def check_chunks(chunks: Any) -> None:
@@ -935,6 +967,10 @@ class _Tiers:
         if known or ready_marker(exe._ready_key(dtypes, resident)).is_file():
             # (kernels of these dtypes are in the disk cache: loading them beats the reference tier)
             return exe._compiled(dict(bound.dims), dtypes, resident)
+        if key not in self._pending and key not in self._errors:
+            # planned here (nothing compiled) so that a refused ScalarOp expression or a
+            # raising infer is this run's error, not the background compilation's
+            exe._schedule(dict(bound.dims), dtypes, enforce=False)
         with self._lock:
             error = self._errors.get(key)
             if error is not None:

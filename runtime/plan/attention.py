@@ -32,6 +32,7 @@ from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 from runtime.kernels.layout import c_strides, keepdims_order
 from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
 from runtime.plugins.atomspec import AtomSpec, Node
+from runtime.plugins.expressions import scalar_op
 from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, Counts, Kernel, KernelRequest, const_array,
                                     const_int, flat_input, plain_kernel)
 
@@ -178,7 +179,7 @@ def _chain(chain: Sequence[Node], first: str) -> Epilogue:
                 extras.append(slot)
                 types.append(t)
             sources.append(extras.index(slot))
-        steps.append(EpilogueStep(n, n.atom.elementwise(n), tuple(sources)))
+        steps.append(EpilogueStep(n, scalar_op(n, "cpu"), tuple(sources)))  # (ATTENTION runs on cpu only)
         value = n.output_slot
     return Epilogue(tuple(steps), tuple(extras), tuple(types))
 

@@ -23,6 +23,7 @@ import attrs
 
 from runtime.plan import attention
 from runtime.plugins.atomspec import Node, ScalarOp
+from runtime.plugins.expressions import scalar_op
 from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
 from runtime.core.types import TensorType
 
@@ -105,7 +106,7 @@ def make_groups(nodes: Sequence[Node], outputs: Sequence[str], backend: str, fus
             continue
         if node.index in skipped:
             continue
-        op = _scalar_op(node) if fuse else None
+        op = _scalar_op(node, backend) if fuse else None
         target = _fusable_operand(node, by_output, groups, readers, outputs, backend) if op else None
         if target is None:
             by_output[node.output_slot] = len(groups)
@@ -121,9 +122,10 @@ def make_groups(nodes: Sequence[Node], outputs: Sequence[str], backend: str, fus
     return sorted(groups, key=lambda g: g.position)
 
 
-def _scalar_op(node: Node) -> ScalarOp | None:
-    """The node's scalar form, or None when its atom (or this use of it) is not fusable."""
-    return node.atom.elementwise(node) if node.atom.elementwise is not None else None
+def _scalar_op(node: Node, backend: str) -> ScalarOp | None:
+    """The node's scalar form, or None when its atom (or this use of it) is not fusable; its
+    expression checked for ``backend`` (kernel_failed, naming the atom, when it is refused)."""
+    return scalar_op(node, backend) if node.atom.elementwise is not None else None
 
 
 def _fusable_operand(node, by_output, groups, readers, outputs, backend):
@@ -154,7 +156,7 @@ def _absorbed_broadcasts(nodes: Sequence[Node], outputs: set[str], readers: Coun
         if node.atom.role != BROADCAST or len(node.input_slots) != 1 or readers[slot] != 1 \
                 or slot in outputs or node.index in skipped or reader is None or reader.index in skipped:
             continue
-        if _scalar_op(reader) is not None and backend not in reader.atom.anchors:
+        if _scalar_op(reader, backend) is not None and backend not in reader.atom.anchors:
             absorbed[slot] = node
     return absorbed
 

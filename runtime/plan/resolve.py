@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from runtime.plugins import failures
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node
 from runtime.core.errors import FormulaError, fail
 from runtime.program.model import Program
@@ -22,7 +23,7 @@ def resolve_nodes(program: Program, specs: Sequence[AtomSpec], binding_types: Ma
         operands = [types[s] for s in ins.input_slots]
         ctx = InferContext(spec, path, ins.attributes, operands, ins.input_slots, dims, planning=True)
         try:
-            inferred = spec.infer(ctx)
+            inferred = failures.infer(spec, ctx)
         except FormulaError as err:
             if err.code == "type_mismatch":
                 _check_floating_bindings(program, binding_types, spec.name, path)

@@ -17,15 +17,7 @@ from runtime.plugins.atomspec import AtomSpec
 
 BACKEND_ORDER = ("reference", "cpu", "cuda")  # the built-in backends first, then by name
 WIDTH = 100  # the reports fit a 100-column terminal
-ATOM_COLUMN_CAPS = (40, 18, 15, 20)  # reference, atom, provided by, kernels
-
-
-def _elide(text: str, width: int) -> str:
-    """``text`` cut to ``width`` by an ellipsis in the middle (a digest's ends stay readable)."""
-    if len(text) <= width:
-        return text
-    head = (width - 1) // 2
-    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+ATOM_COLUMN_CAPS = (40, 18, 15, 20)  # reference, atom, provided by, runs on: a longer cell pushes, never cut
 
 
 def _wrapped(prefix: str, text: str, width: int = WIDTH, indent: str | None = None) -> list[str]:
@@ -55,6 +47,8 @@ def atoms_table(registry) -> list[dict[str, Any]]:
         spec = registry.atom(ref, "$")  # with kernels other plugins registered for it
         owner = registry.atom_owner.get(ref)
         rule = registry.vjp_rule(spec)
+        fused = _sorted_backends(name for name, b in registry.backends.items() if getattr(b, "fuses", False)
+                                 and spec.elementwise is not None and name not in spec.kernels)
         rows.append({
             "reference": ref,
             "atom": spec.name,
@@ -68,7 +62,9 @@ def atoms_table(registry) -> list[dict[str, Any]]:
                        for op in spec.inputs},
             "dtype_classes": {op: spec.dtypes.get(op) for op in spec.inputs},
             "attributes": sorted(spec.attributes),
-            "backends": _sorted_backends(spec.kernels),
+            # where it runs: its kernels, and the fusing backends' chain kernels of its expression
+            "backends": _sorted_backends([*spec.kernels, *fused]),
+            "fused_backends": fused,
             "elementwise": spec.elementwise is not None,
             "anchor_backends": _sorted_backends(spec.anchors),
             "value_checks": spec.check_values is not None,
@@ -106,22 +102,25 @@ def _operand_dtypes(row: dict[str, Any]) -> str:
 
 
 def format_atoms(rows: Sequence[dict[str, Any]]) -> str:
-    """A table within WIDTH columns: reference, atom, distribution, backends with kernels;
-    below each row, indented, the dtypes each operand accepts and the atom's traits (more
-    columns would not fit); a legend of the dtype classes closes the table."""
+    """A table within WIDTH columns: reference, atom, distribution and the backends it runs on
+    (``(fused)``: by the backend's chain kernel of its expression); below each row, indented,
+    the dtypes each operand accepts and the atom's traits; a legend of the dtype classes closes
+    it. A reference or a distribution is never cut (a user copies them): a row too wide for
+    the columns moves its backends, then its atom and distribution, to lines of their own."""
     if not rows:
         return "no atoms are registered (is formula-runtime's built-in 'atoms' plugin loadable?)"
-    header = ("REFERENCE", "ATOM", "PROVIDED BY", "KERNELS")
+    header = ("REFERENCE", "ATOM", "PROVIDED BY", "RUNS ON")
     table = [header]
     for r in rows:
         atom = r["atom"] if r["alias_of"] is None else f"{r['atom']} (alias)"
+        fused = set(r.get("fused_backends", ()))
         table.append((r["reference"], atom, r["distribution"] or r["plugin"] or "?",
-                      ", ".join(r["backends"]) or "none"))
-    # each column gets its natural width up to a cap; longer cells are elided in the middle
+                      ", ".join(f"{b} (fused)" if b in fused else b for b in r["backends"]) or "none"))
+    # each column gets its natural width up to a cap; a longer cell pushes the rest of its line
     widths = [min(max(len(line[k]) for line in table), cap) for k, cap in enumerate(ATOM_COLUMN_CAPS)]
     lines = []
     for line, row in zip(table, [None, *rows]):
-        lines.append("  ".join(_elide(cell, w).ljust(w) for cell, w in zip(line, widths)).rstrip())
+        lines += _atom_row(line, widths)
         if row is None:
             continue
         if any(row["dtype_classes"].values()):  # a plugin that declares none gets no line
@@ -139,10 +138,28 @@ def format_atoms(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _atom_row(cells: Sequence[str], widths: Sequence[int]) -> list[str]:
+    """One table row as lines within WIDTH, no cell cut: the whole row on one line if it fits,
+    else its backends below it, else its atom and distribution too."""
+    def joined(parts: Sequence[str]) -> str:
+        return "  ".join(cell.ljust(w) for cell, w in zip(parts, widths)).rstrip()
+
+    whole = joined(cells)
+    if len(whole) <= WIDTH:
+        return [whole]
+    reference, atom, distribution, backends = cells
+    head = joined(cells[:3])
+    if len(head) <= WIDTH:
+        return [head, *_wrapped("    runs on ", backends)]
+    return [reference, *_wrapped("    ", f"{atom}, provided by {distribution}"),
+            *_wrapped("    runs on ", backends)]
+
+
 # --- formula plugins --------------------------------------------------------------------
 def plugins_report(registry) -> list[dict[str, Any]]:
-    """Every registered plugin (registration order) with what it provides, then every plugin
-    that failed to load (status ``failed``) with its error."""
+    """Every registered plugin (registration order) with what it provides and its ``problems``
+    (what it registered that is refused, such as a ScalarOp expression), then every plugin that
+    failed to load (status ``failed``) with its error."""
     backend_names = set(registry.backends)
     rows = []
     for name, info in registry.plugins.items():
@@ -163,6 +180,8 @@ def plugins_report(registry) -> list[dict[str, Any]]:
             "version": info.version,
             "status": "loaded",
             "error": None,
+            # what is wrong with what it registered (a ScalarOp expression refused when it registered)
+            "problems": list(registry.atom_problems.get(name, ())),
             "hooks": sorted(h.name for h in registry.pm.get_hookcallers(plugin) or ())
             if plugin is not None else [],
             "atoms": [s.name for s in atoms],
@@ -177,7 +196,7 @@ def plugins_report(registry) -> list[dict[str, Any]]:
         })
     for problem in registry.problems:
         rows.append({"name": problem.plugin, "distribution": None, "version": None,
-                     "status": "failed", "error": problem.error, "hooks": [], "atoms": [],
+                     "status": "failed", "error": problem.error, "problems": [], "hooks": [], "atoms": [],
                      "references": [], "kernels": {}, "elementwise": [], "anchors": {},
                      "backends": [], "registered_kernels": []})
     return rows
@@ -221,7 +240,7 @@ def format_plugins(rows: Sequence[dict[str, Any]]) -> str:
         if r["atoms"]:
             lines += _wrapped("  atoms       ", f"{len(r['atoms'])}: {', '.join(r['atoms'])}")
             lines.append(f"  references  {len(r['references'])}:")
-            lines += [f"    {_elide(ref, WIDTH - 4)}" for ref in r["references"]]
+            lines += [f"    {ref}" for ref in r["references"]]  # whole, even past WIDTH: copied by users
             n = len(r["atoms"])
             counts = []
             for backend, k in r["kernels"].items():
@@ -241,11 +260,15 @@ def format_plugins(rows: Sequence[dict[str, Any]]) -> str:
                 fusion.append("anchors: " + ", ".join(f"{a} ({', '.join(b)})"
                                                       for a, b in r["anchors"].items()))
             lines += _wrapped("  fusion      ", "; ".join(fusion) or "-")
+        for problem in r.get("problems", ()):
+            lines += _wrapped("  PROBLEM     ", problem)
         if r["backends"]:
             lines += _wrapped("  backends    ", ", ".join(r["backends"]))
         if r.get("registered_kernels"):
             lines += _wrapped("  gives       ", "kernels for " + ", ".join(r["registered_kernels"]))
         blocks.append("\n".join(lines))
     failed = sum(r["status"] == "failed" for r in rows)
-    tail = f"{len(rows) - failed} plugins loaded" + (f", {failed} failed to load" if failed else "")
+    troubled = sum(bool(r.get("problems")) for r in rows)
+    tail = f"{len(rows) - failed} plugins loaded" + (f", {failed} failed to load" if failed else "") + \
+        (f", {troubled} with problems" if troubled else "")
     return "\n\n".join(blocks) + "\n\n" + tail

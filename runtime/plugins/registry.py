@@ -18,8 +18,9 @@ from pathlib import Path
 import attrs
 import pluggy
 
-from runtime.plugins import hookspecs
+from runtime.plugins import failures, hookspecs
 from runtime.plugins.atomspec import AtomSpec
+from runtime.plugins.expressions import probe
 from runtime.core.errors import FormulaError, did_you_mean, fail
 from runtime.core.refs import is_ref
 from runtime.core.types import DTYPE_CLASSES, dtype_class_members
@@ -61,6 +62,8 @@ class Registry:
         self.vjps: dict[str, VjpEntry] = {}
         self.plugins: dict[str, PluginInfo] = {}
         self.problems: list[PluginProblem] = []
+        # plugin name -> what is wrong with a plugin that loaded (a refused ScalarOp expression)
+        self.atom_problems: dict[str, list[str]] = {}
         for module_name in builtins:
             module = importlib.import_module(module_name)
             self.register(module, PluginInfo(module_name, "formula-runtime", _own_version()))
@@ -116,6 +119,9 @@ class Registry:
             self.vjps[entry.atom_ref] = entry
         self._merged.clear()
         self.plugins[info.name] = info
+        problems = [f"atom {spec.ref}: {why}" for spec in atoms if (why := probe(spec))]
+        if problems:  # (its atoms stay usable on reference; a plan on a fusing backend raises)
+            self.atom_problems[info.name] = problems
         return info
 
     def _own_hook(self, plugin: object, name: str):
@@ -138,6 +144,7 @@ class Registry:
     def unregister(self, name: str) -> None:
         """Remove a plugin and everything it registered (used by the test fixture)."""
         info = self.plugins.pop(name)
+        self.atom_problems.pop(name, None)
         plugin = self.pm.get_plugin(name)
         if plugin is not None:
             self.pm.unregister(plugin)
@@ -160,6 +167,7 @@ class Registry:
         for ref, spec in seen.items():
             self.atoms[ref] = spec
             self.atom_owner[ref] = info
+            failures.own(spec, info.describe())
 
     def _claim_kernels(self, kernels: list[KernelEntry], info: PluginInfo) -> None:
         seen: set[tuple[str, str]] = set()
@@ -260,7 +268,9 @@ class Registry:
         for e in entries:  # each replaces the atom's kernel on its backend, epilogues included
             kernels[e.backend] = e.kernel
             (anchors.add if e.anchors else anchors.discard)(e.backend)
-        return attrs.evolve(spec, kernels=kernels, anchors=frozenset(anchors))
+        merged = attrs.evolve(spec, kernels=kernels, anchors=frozenset(anchors))
+        failures.own(merged, failures.owner_of(spec) or "?", {e.backend: e.owner.describe() for e in entries})
+        return merged
 
     def kernel_owner(self, spec: AtomSpec, backend: str) -> PluginInfo | None:
         """The plugin that registered ``spec``'s kernels for ``backend`` through

@@ -5,6 +5,7 @@ clause; where two could apply, the more specific is checked first.
 """
 from __future__ import annotations
 
+from runtime.plugins import failures
 from runtime.plugins.atomspec import InferContext
 from runtime.core.errors import fail
 from runtime.program.model import BankBinding, Program
@@ -174,7 +175,7 @@ def _instructions(p: Program, registry: Registry) -> None:
         out_index = slot_index[ins.output_slot]
         _check_instruction_slot(out_slot, out_index, ins.instruction_id, outputs)
         ctx = InferContext(spec, path, ins.attributes, operand_types, ins.input_slots)
-        inferred = spec.infer(ctx)
+        inferred = failures.infer(spec, ctx)
         if not inferred.same_as(out_slot.value_type):
             fail("type_mismatch", f"$.slots[{out_index}].value_type",
                  f"slot {out_slot.slot_id!r} is declared {out_slot.value_type} but {spec.name} "

@@ -46,19 +46,21 @@ def test_atoms_table_rows():
     assert twice["alias_of"] is None and rows["diag-test/formula-atom-twice@2"]["alias_of"] == \
         "diag-test/formula-atom-twice@1"
     assert (twice["plugin"], twice["distribution"], twice["version"]) == ("partial", "diag-dist", "3.1")
-    assert twice["backends"] == ["reference", "cpu", "rocm"]
+    # cuda fuses: the elementwise atom runs there through the chain kernel of its expression
+    assert twice["backends"] == ["reference", "cpu", "cuda", "rocm"] and twice["fused_backends"] == ["cuda"]
     assert twice["elementwise"] and twice["inplace"] == 0 and not twice["value_checks"]
     only = rows["diag-test/formula-atom-only-ref@1"]
-    assert only["backends"] == ["reference"] and only["anchor_backends"] == ["cpu"]
+    assert only["backends"] == ["reference"] and only["anchor_backends"] == ["cpu"] and not only["fused_backends"]
     assert only["value_checks"] and only["attributes"] == ["k"] and only["inputs"] == ["a", "b"]
 
 
 def test_format_atoms_text():
     text = diagnostics.format_atoms(diagnostics.atoms_table(_registry()))
     lines = text.splitlines()
-    assert lines[0].split() == ["REFERENCE", "ATOM", "PROVIDED", "BY", "KERNELS"]
+    assert lines[0].split() == ["REFERENCE", "ATOM", "PROVIDED", "BY", "RUNS", "ON"]
     k = next(i for i, line in enumerate(lines) if line.startswith("diag-test/formula-atom-twice@2"))
-    assert "twice (alias)" in lines[k] and "diag-dist" in lines[k] and "reference, cpu, rocm" in lines[k]
+    assert "twice (alias)" in lines[k] and "diag-dist" in lines[k]
+    assert "reference, cpu, cuda (fused), rocm" in lines[k]
     assert lines[k + 1] == "    elementwise (fusable), in-place on value"  # traits below their row
     # these atoms declare no dtypes: no dtypes line and no legend
     k = next(i for i, line in enumerate(lines) if line.startswith("diag-test/formula-atom-only-ref@1"))
@@ -68,21 +70,27 @@ def test_format_atoms_text():
     assert "no atoms" in diagnostics.format_atoms([])
 
 
-def test_reports_fit_100_columns():
-    """Long references are elided in the middle, long lists wrap; nothing passes column 100."""
+def test_reports_fit_100_columns_and_never_cut_a_reference_or_distribution():
+    """Long rows move their backends, then atom and distribution, to lines of their own; long
+    lists wrap; only a reference longer than the page passes column 100, whole."""
     rows = diagnostics.atoms_table(_registry())
     long_ref = "diag-test/formula-atom-twice@sha256:" + "ab" * 32
+    long_dist = "a-very-long-distribution-name-indeed"
     rows.append({**rows[0], "reference": long_ref, "alias_of": rows[0]["reference"],
-                 "atom": "a-rather-long-atom-name", "distribution": "a-very-long-distribution-name",
-                 "backends": ["reference", "cpu", "cuda", "rocm", "metal"]})
+                 "atom": "a-rather-long-atom-name", "distribution": long_dist,
+                 "backends": ["reference", "cpu", "cuda", "rocm", "metal"], "fused_backends": ["cuda"]})
     text = diagnostics.format_atoms(rows)
-    assert max(map(len, text.splitlines())) <= 100
-    assert "diag-test/formula-atom-" in text and "…" in text and long_ref[-8:] in text
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 100 and "…" not in text
+    k = lines.index(long_ref)
+    assert lines[k + 1] == f"    a-rather-long-atom-name (alias), provided by {long_dist}"
+    assert lines[k + 2] == "    runs on reference, cpu, cuda (fused), rocm, metal"
     report = diagnostics.plugins_report(_registry())
     report[1]["atoms"] = [f"atom-number-{k}" for k in range(30)]
     report[1]["references"].append(long_ref + "cd" * 20)
     text = diagnostics.format_plugins(report)
-    assert max(map(len, text.splitlines())) <= 100 and "atom-number-29" in text
+    assert f"    {long_ref + 'cd' * 20}" in text.splitlines() and "atom-number-29" in text
+    assert max(len(line) for line in text.splitlines() if long_ref not in line) <= 100
 
 
 def test_plugins_report_rows():
