@@ -49,7 +49,8 @@ def test_loading_never_modifies_the_callers_dict(seed_dict):
 @pytest.mark.parametrize("src, code", [
     ("{not json", "schema"),
     (b"\xff\xfe", "schema"),
-    ("/no/such/program.json", "schema"),
+    ("/no/such/program.json", "program_unreadable"),  # not JSON text: a path, and a missing one
+    ("nope.program.json", "program_unreadable"),
     ("[]", "schema"),
     (42, "schema"),
     ('{"a": NaN}', "schema"),
@@ -59,6 +60,26 @@ def test_unreadable_sources_are_schema_errors(src, code):
         runtime.load_program(src)
     assert err.value.code == code
     assert err.value.path == "$"
+
+
+def test_a_missing_path_is_named_as_a_path():
+    with pytest.raises(runtime.FormulaError) as err:
+        runtime.load_program("nope.program.json")
+    assert "cannot read program file 'nope.program.json'" in err.value.message
+    assert "not valid JSON" not in err.value.message
+
+
+@pytest.mark.parametrize("text, where", [('{"schema_ref": "x",\n }', "line 1 column 19, before '}'"),
+                                         ('{"outputs": ["%1", ]}', "line 1 column 18, before ']'")])
+def test_a_trailing_comma_is_named(text, where, tmp_path):
+    for src in (text, tmp_path / "p.json"):
+        (tmp_path / "p.json").write_text(text)
+        with pytest.raises(runtime.FormulaError) as err:
+            runtime.load_program(src)
+        assert err.value.code == "schema" and f"a trailing comma at {where}" in err.value.message
+    with pytest.raises(runtime.FormulaError) as err:
+        runtime.load_program('{"outputs": ["%1" "%2"]}')
+    assert "trailing comma" not in err.value.message
 
 
 @pytest.mark.parametrize("kind", ["directory", "fifo", "device", "oversize"])

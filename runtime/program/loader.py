@@ -76,6 +76,12 @@ def read_source(src: Any, max_bytes: int | None = None) -> Any:
         return _parse_json(text, f"file {str(path)!r}")
     if isinstance(src, str):
         _check_size(len(src), cap, "program text")  # characters: a lower bound on its bytes
+        if not src.lstrip().startswith(("{", "[")):
+            try:
+                return _parse_json(src, "program text")
+            except FormulaError:  # neither JSON text nor an existing path: a path that is missing
+                read_file_capped(Path(src), cap)
+                raise
         return _parse_json(src, "program text")
     fail("schema", "$", f"expected a program as a path, JSON text, bytes or dict, got {type(src).__name__}")
 
@@ -180,11 +186,24 @@ def _parse_json(text: str, what: str) -> Any:
     except FormulaError:
         raise
     except (ValueError, RecursionError) as exc:
-        fail("schema", "$", f"{what} is not valid JSON: {exc}")
+        fail("schema", "$", f"{what} is not valid JSON: {exc}{_trailing_comma(text, exc)}")
     # a lone surrogate comes from a \\udXXX escape or from a str that was never UTF-8
     if _SURROGATE_ESCAPE.search(text) or not (text.isascii() or _is_encodable(text)):
         check_unicode(value)
     return value
+
+
+def _trailing_comma(text: str, exc: Exception) -> str:
+    """`` (a trailing comma: ...)`` when the JSON error is a comma before a closing bracket."""
+    pos = getattr(exc, "pos", None)
+    if pos is None or pos >= len(text) or text[pos] not in "}]":
+        return ""
+    before = text[:pos].rstrip()
+    if not before.endswith(","):
+        return ""
+    line = before.count("\n") + 1
+    return (f" (a trailing comma at line {line} column {len(before) - before.rfind(chr(10)) - 1}, "
+            f"before {text[pos]!r}: JSON allows no comma after the last item)")
 
 
 def _is_encodable(s: str) -> bool:
