@@ -2,6 +2,7 @@
 with pip into a temporary path, and its commands run against them."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -30,26 +31,39 @@ def tutorial_commands() -> list[str]:
     return [line for line in body.splitlines() if line.strip()]
 
 
-def test_the_tutorial_plugin_installs_and_runs(tmp_path):
-    files = tutorial_files()
-    assert set(files) == {"formula_softsign.py", "pyproject.toml", "use_softsign.py"}
-    assert len(files["formula_softsign.py"].splitlines()) <= 50  # "about 40 lines"
+def install(tmp_path: Path, files: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """The plugin's files written to a project folder and pip-installed into a path of their
+    own: (the project folder, the environment that sees the plugin)."""
     project = tmp_path / "formula-softsign"
     project.mkdir()
     for name, text in files.items():
         (project / name).write_text(text)
-    commands = tutorial_commands()
-    assert commands[0] == "pip install -e ."  # replaced below by an install into a path
     site = tmp_path / "site"
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                           str(site), str(project)], capture_output=True, text=True, timeout=300)
     assert pip.returncode == 0, pip.stdout + pip.stderr
-    env = {**os.environ, "PYTHONPATH": str(site),
+    env = {**os.environ, "PYTHONPATH": str(site), "FORMULA_TIERED": "1",  # tiered, as users run
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return project, env
+
+
+def shell(command: str, project: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, shell=True, cwd=project, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_the_tutorial_plugin_installs_and_runs(tmp_path):
+    files = tutorial_files()
+    assert set(files) == {"formula_softsign.py", "pyproject.toml", "use_softsign.py"}
+    assert len(files["formula_softsign.py"].splitlines()) <= 50  # "about 40 lines"
+    # the script checks the cpu backend's own kernel, not a first tiered run's reference one
+    assert "tiered=False" in files["use_softsign.py"] and "assert_backends_agree(" in files["use_softsign.py"]
+    commands = tutorial_commands()
+    assert commands[0] == "pip install -e ."  # replaced below by an install into a path
+    project, env = install(tmp_path, files)
     outputs = []
     for command in commands[1:]:
-        done = subprocess.run(command, shell=True, cwd=project, env=env, capture_output=True,
-                              text=True, timeout=300)
+        done = shell(command, project, env)
         assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
         outputs.append(done.stdout)
     assert (project / "softsign.program.json").is_file()
@@ -57,3 +71,47 @@ def test_the_tutorial_plugin_installs_and_runs(tmp_path):
     assert "%0  float32[4, 8]" in run
     assert "formula_softsign  (formula-softsign 0.1.0)" in plugins
     assert "cpu 1/1 (1 fused), cuda 1/1 (1 fused)" in plugins
+
+
+EXPRESSION = '"{0} / (1.0 + abs({0}))"'
+KERNEL_LINE = "out[...] = x / (1 + np.abs(x))"
+ATOM = ("atom formula-softsign/formula-atom-softsign@1 of plugin formula_softsign "
+        "(formula-softsign 0.1.0)")
+
+
+def variant(old: str, new: str) -> dict[str, str]:
+    """The tutorial's files with one mistake in the plugin."""
+    files = tutorial_files()
+    assert files["formula_softsign.py"].count(old) == 1
+    files["formula_softsign.py"] = files["formula_softsign.py"].replace(old, new)
+    return files
+
+
+def test_a_broken_expression_is_named_where_it_is_declared(tmp_path):
+    """docs/writing-plugins.md §6: the plugin's problem in `formula plugins`, and the plan's
+    kernel_failed (atom, plugin and distribution, expression, path) before any run."""
+    project, env = install(tmp_path, variant(EXPRESSION, '"{0} +* 1"'))
+    why = "its ScalarOp expression '{0} +* 1' is refused: it is not a Python expression: invalid syntax"
+    done = shell("python use_softsign.py", project, env)
+    assert done.returncode == 1 and f"[kernel_failed] $.instructions[0]: {ATOM}: {why}" in done.stderr
+    plugins = shell("formula plugins", project, env)
+    assert "  PROBLEM     atom formula-softsign/formula-atom-softsign@1: its ScalarOp" in plugins.stdout
+    run = shell("formula run softsign.program.json --random --dim T=4", project, env)  # tiered
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stderr.startswith(f"error [kernel_failed] $.instructions[0]: {ATOM}: {why}")
+    assert shell("formula run softsign.program.json --random --dim T=4 --backend reference",
+                 project, env).returncode == 0  # its reference kernel still serves
+
+
+def test_a_raising_kernel_is_named_and_keeps_the_cli_contract(tmp_path):
+    project, env = install(tmp_path, variant(KERNEL_LINE, 'raise ValueError("softsign broke")'))
+    what = "its 'reference' kernel raised ValueError: softsign broke"
+    done = shell("python use_softsign.py", project, env)  # assert_backends_agree runs the oracle
+    assert done.returncode == 1 and f"[kernel_failed] $.instructions[0]: {ATOM}: {what}" in done.stderr
+    assert "ValueError: softsign broke" in done.stderr  # the cause, in the traceback
+    run = shell("formula run softsign.program.json --random --dim T=4 --backend reference --json",
+                project, env)
+    assert run.returncode == 1, run.stdout + run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["ok"] is False and doc["error"]["code"] == "kernel_failed"
+    assert doc["error"]["path"] == "$.instructions[0]" and doc["error"]["message"].startswith(f"{ATOM}: {what}")
