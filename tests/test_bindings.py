@@ -360,3 +360,19 @@ def test_the_reference_backend_builds_no_compiled_scan(monkeypatch):
     assert err.value.code == "nonfinite" and finite._ready == set()
     runtime.compile(program, "cpu", tiered=False).run(inputs={"x": x})
     assert finite._ready == {"float32"}  # a compiled backend builds it with its plan
+
+
+def test_a_torch_tensor_is_refused_with_the_view_to_pass_instead():
+    """arti's callers pass torch tensors (docs/coming-from-arti.md): the message says how."""
+    torch = pytest.importorskip("torch")
+    import runtime
+
+    b = ProgramBuilder()
+    program = b.build(outputs=[b.op("scalar-map", [b.input("x", {"T": 4})], {"mode": "silu"})])
+    t = torch.linspace(-1, 1, 4)
+    with pytest.raises(FormulaError) as err:
+        runtime.execute(program, inputs={"x": t}, backend="reference")
+    assert err.value.code == "binding_dtype" and err.value.path == "$.inputs.x"
+    assert "got a Tensor" in err.value.message and "tensor.numpy() (a view, no copy" in err.value.message
+    out = runtime.execute(program, inputs={"x": t.numpy()}, backend="reference")
+    assert torch.from_numpy(next(iter(out.values()))).shape == (4,)

@@ -63,3 +63,16 @@ def test_ci_runs_the_readme_test_command_and_nothing_that_installs():
     found = subprocess.run(["bash", "-c", extract], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     assert found.startswith("python3 -m venv .venv && ") and "python -m pytest tests" in found
     assert found in (ROOT / "README.md").read_text()
+
+
+def test_coming_from_arti_maps_to_codes_that_exist():
+    """Every code the arti page's FF2_* table names on our side is a SPEC §6 code."""
+    from runtime.core.errors import CODES
+
+    text = (ROOT / "docs" / "coming-from-arti.md").read_text()
+    table = text.split("| arti | formula-runtime |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split(" | ", 1) for line in table.splitlines()[2:]]
+    assert rows and all(left.startswith("| `FF2_") for left, _ in rows)
+    ours = {code for _, right in rows for code in re.findall(r"`([a-z_]+)`", right)}
+    assert ours and ours <= CODES, ours - CODES
+    assert "kernel_failed" in text and "coming-from-arti.md" in (ROOT / "README.md").read_text()

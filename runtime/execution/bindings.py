@@ -295,9 +295,13 @@ def _as_array(binding, raw: Any, path: str) -> np.ndarray:
                  f"{binding.name!r} got the number {raw!r}; expected an array of rank {t.rank}: "
                  f"{t.describe()}")
         return _number(binding, raw, path, numpy_dtype(t.dtype))
+    # a torch CPU tensor is the common case (arti's callers): its view costs no copy
+    how = "tensor.numpy() (a view, no copy; .detach() first if it requires grad) or " \
+          "np.from_dlpack(tensor)" if type(raw).__module__.split(".")[0] == "torch" else \
+          "np.asarray(value, dtype=...)"
     fail("binding_dtype", path,
          f"{binding.name!r} got a {type(raw).__name__}; expected a NumPy array of "
-         f"{binding.value_type.describe()} (use np.asarray(value, dtype=...))")
+         f"{binding.value_type.describe()} (use {how})")
 
 
 def _number(binding, raw: Any, path: str, dtype: np.dtype) -> np.ndarray:
