@@ -28,7 +28,7 @@ from numba import njit, prange
 from runtime.core.errors import fail, json_kind
 from runtime.core.types import HALF_DTYPES, TensorType, dtypes_compatible, is_float, numpy_dtype
 from runtime.kernels.codegen import warm_twins
-from runtime.plugins.atomspec import (AtomSpec, InferContext, Node, ScalarOp, axes_except, every_axis)
+from runtime.plugins.atomspec import (AtomSpec, InferContext, Linear, Node, ScalarOp, axes_except, every_axis)
 from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, const_array, const_int, flat_input, flat_output,
                                     node_kernel)
 
@@ -816,11 +816,17 @@ def _kernels(reference, cpu, cuda) -> dict:
     return {"reference": node_kernel(reference), "cpu": node_kernel(cpu), "cuda": node_kernel(cuda)}
 
 
+def linear_fill(node: Node) -> Linear | None:
+    """A fill of 0 is linear in no operand (a sum over any free axis: scatter-add's zero base)."""
+    value = node.attributes["value"]
+    return Linear((), True) if value == 0 and not isinstance(value, bool) else None
+
+
 SPECS = [
     AtomSpec(name="fill", refs=(FILL_REF,), inputs=("reference",), dtypes={"reference": "any"},
              attributes=frozenset({"axes", "dtype", "value"}), infer=infer_fill,
              kernels=_kernels(_ref_fill, _cpu_fill, _cuda_fill), elementwise=fill_op,
-             half_native=HALF_NATIVE, inplace=0, free_axes=every_axis, types_only=(0,),
+             half_native=HALF_NATIVE, inplace=0, free_axes=every_axis, types_only=(0,), linear=linear_fill,
              summary="a constant over some of the reference's axes (its values are never read)"),
     AtomSpec(name="scalar-map-vjp", refs=(SCALAR_MAP_VJP_REF,), inputs=("value", "cotangent"),
              dtypes={"value": "floating", "cotangent": "floating"},

@@ -27,7 +27,7 @@ import attrs
 import numpy as np
 from numba import njit, prange
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, every_axis
+from runtime.plugins.atomspec import AtomSpec, InferContext, Linear, Node, axes_except, every_axis
 from runtime.kernels.codegen import warm_twins
 from runtime.plugins.kernel import CompiledCall, const_array, const_int, flat_input, flat_output, node_kernel
 from runtime.core.errors import fail
@@ -578,6 +578,13 @@ CHECKS = {"gather": _check_gather, "scatter": _check_scatter, "lookup": _check_l
 
 GATHER_HALF_NATIVE = frozenset({"cpu", "cuda"})  # copies by item size: half values move as bits (also unfold)
 
+def linear_scatter_add(node: Node) -> Linear:
+    """base + Σ over index_axis of each update added at its index: linear in base and updates
+    together (indices fixed), a sum over index_axis."""
+    axis = node.attributes["index_axis"]
+    return Linear((0, 2), True, (((1, axis), (2, axis)),))
+
+
 SPECS = [
     AtomSpec(name="gather", refs=refs_for("gather", 2), inputs=("value", "indices"),
              dtypes={"value": "any", "indices": "int64"},
@@ -592,7 +599,7 @@ SPECS = [
              infer=infer_scatter_add,
              kernels={"reference": node_kernel(_ref_scatter_add), "cpu": node_kernel(_cpu_scatter_add), "cuda": node_kernel(_cuda_scatter_add)},
              check_values=_check_gather, checked_inputs=(1,),
-             free_axes=axes_except("axis"),
+             free_axes=axes_except("axis"), linear=linear_scatter_add,
              summary="base plus updates added at indexed positions (repeated indices accumulate)"),
     AtomSpec(name="fold", refs=("arti/fold@2",), inputs=("value", "indices"),
              dtypes={"value": "floating|boolean", "indices": "int64"},

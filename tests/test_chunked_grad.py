@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -425,3 +426,91 @@ def test_cuda_sums_with_host_and_device_values():
         check_results(got, want)
     got = exe.run(inputs={"x": cuda.to_device(x)}, chunks=2)  # device results
     check_results({k: got[k].copy_to_host() for k in want}, want)
+
+
+TINY_LM = json.loads((Path(__file__).resolve().parents[1] / "examples" / "tiny-lm.program.json").read_text())
+
+
+def tiny_lm_grad():
+    """The tiny LM's gradient by every bank: the embedding's is a scatter@2 add into a zero
+    fill over rows that merge B and S (reshape), a sum over B like the others."""
+    banks = [b["name"] for b in TINY_LM["bindings"] if b["kind"] == "bank"]
+    return runtime.vjp(TINY_LM, banks), banks
+
+
+def tiny_lm_values(g, b: int, s: int, seed_: int = 0):
+    rng = np.random.default_rng(seed_)
+    banks = {}
+    for binding in TINY_LM["bindings"]:
+        t = binding["value_type"]
+        if binding["kind"] == "bank":
+            shape = tuple(t["sizes"])
+            scale = 1.0 if len(shape) == 1 else 1 / np.sqrt(shape[-1])
+            banks[binding["name"]] = (1.0 * (len(shape) == 1) + rng.standard_normal(shape) * scale).astype(np.float32)
+    cot = next(iter(g.cotangents.values()))
+    inputs = {"ids": rng.integers(0, 64, (b, s)), "causal_mask": np.tril(np.ones((s, s), dtype=bool)),
+              "epsilon": np.float32(1e-6), "query_scale": np.float32(0.25),
+              cot: rng.standard_normal((b, s, 64)).astype(np.float32)}
+    return inputs, banks
+
+
+def test_embedding_gradients_through_merged_rows_are_sums():
+    g, banks = tiny_lm_grad()
+    free = runtime.compile(g.program, backend="reference").free_axes
+    assert free.free == ("B",) and set(free.sums["B"]) == {g.gradients[n] for n in banks}
+    assert "'B' merged with other axes" in free.tied["N"]
+    # an output carrying the merged symbol cannot be written along B: B is tied then
+    rows = next(i["output_slot"] for i in g.program["instructions"] if i["input_slots"] == ["ids"])
+    tied = runtime.compile(with_outputs(g.program, [*g.program["outputs"], rows]), backend="reference").free_axes
+    assert "B" in tied.tied and "merged with other axes" in tied.tied["B"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_tiny_lm_gradient_chunked_and_on_dask_equals_the_whole_run(backend):
+    da = pytest.importorskip("dask.array")
+    dask = pytest.importorskip("dask")
+    rdask = pytest.importorskip("runtime.dask")
+    g, banks_names = tiny_lm_grad()
+    inputs, banks = tiny_lm_values(g, 5, 8)
+    exe = runtime.compile(g.program, backend=backend)
+    want = {k: v.copy() for k, v in exe.run(inputs=inputs, banks=banks).items()}
+    assert all(np.all(np.isfinite(w)) for w in want.values())
+    for chunks in (1, 2):
+        got = exe.run(inputs=inputs, banks=banks, chunks=chunks)
+        assert got.plan.chunking.symbol == "B" and len(got.plan.chunking.sums) == len(banks_names)
+        check_results(got, want)
+    cot = next(iter(g.cotangents.values()))
+    chunked = {**inputs, "ids": da.from_array(inputs["ids"], chunks=(2, 8)),
+               cot: da.from_array(inputs[cot], chunks=(2, 8, 64))}
+    out = rdask.execute(g.program, inputs=chunked, banks=banks, backend=backend)
+    with dask.config.set(scheduler="threads"):
+        check_results(dask.compute(out)[0], want)
+
+
+def _scatter_program(zero_base: bool):
+    """x [B, D] rows scatter-added at ids [B] into a [V, D] base: a fill of 0 (a sum over B,
+    as every zero is) or the bank itself (added again by every slice: B is tied)."""
+    b = ProgramBuilder()
+    x = b.input("x", {"B": "B", "D": 4})
+    ids = b.input("ids", {"B": "B"}, "int64")
+    w = b.bank("w", {"V": 6, "D": 4})
+    base = b.op("formula-runtime/formula-atom-fill@1", [w], {"axes": ["V", "D"], "dtype": "float32", "value": 0}) \
+        if zero_base else w
+    out = b.op("scatter@2", [base, ids, x], {"axis": "V", "index_axis": "B", "mode": "add", **ACC})
+    return b.build(outputs=[out]), out
+
+
+def test_a_scatter_add_into_zeros_is_a_sum_and_into_a_bank_is_not():
+    doc, out = _scatter_program(True)
+    assert runtime.compile(doc, backend="reference").free_axes.sums == {"B": (out,)}
+    rng = np.random.default_rng(3)
+    inputs = {"x": rng.standard_normal((13, 4)).astype(np.float32), "ids": rng.integers(0, 6, 13)}
+    banks = {"w": rng.standard_normal((6, 4)).astype(np.float32)}
+    for backend in BACKENDS:
+        exe = runtime.compile(doc, backend=backend)
+        want = exe.run(inputs=inputs, banks=banks)[out].copy()
+        for chunks in (1, 5):
+            np.testing.assert_allclose(exe.run(inputs=inputs, banks=banks, chunks=chunks)[out], want, rtol=1e-5, atol=1e-6)
+    doc, out = _scatter_program(False)
+    free = runtime.compile(doc, backend="reference").free_axes
+    assert free.free == () and "each slice would add it again" in free.tied["B"]

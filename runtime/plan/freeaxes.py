@@ -51,9 +51,12 @@ def free_axes(program: Program, specs: Sequence[AtomSpec]) -> FreeAxes:
     """The free symbols of ``program`` (``specs``: each instruction's atom, in order), and the
     outputs that are sums over them."""
     tied: dict[str, str] = {}
+    merged = _merged_symbols(program, specs)  # N -> (B, the reshapes that make N = B·S·…)
+    root = {n: b for n, (b, _) in merged.items()}
+    merge_ids = {i for _, ids in merged.values() for i in ids}
 
     def tie(symbol: str, why: str) -> None:
-        tied.setdefault(symbol, why)  # the first reason, in program order
+        tied.setdefault(root.get(symbol, symbol), why)  # the first reason, in program order
 
     types: dict[str, TensorType] = {}
     carried_by_input: set[str] = set()
@@ -69,10 +72,16 @@ def free_axes(program: Program, specs: Sequence[AtomSpec]) -> FreeAxes:
     for name, t in types.items():
         seen: dict[str, str] = {}
         for a, s in _symbolic(t):
-            if s in seen:
-                tie(s, f"{name!r} carries it on two axes ({seen[s]!r} and {a!r})")
-            seen[s] = a
+            r = root.get(s, s)
+            if r in seen:
+                tie(r, f"{name!r} carries it on two axes ({seen[r]!r} and {a!r})")
+            seen[r] = a
+    for slot in program.outputs:  # a chunked run writes its outputs along the symbols themselves
+        for a, s in _symbolic(types[slot]):
+            if s in root:
+                tie(s, f"output {slot!r} carries {s!r} (axis {a!r}), {root[s]!r} merged with other axes")
     summed: dict[str, set[str]] = {}  # symbol -> the slots that are sums over it
+    zeros: set[str] = set()  # slots that are 0 (a sum over every symbol)
     for i, (ins, spec) in enumerate(zip(program.instructions, specs)):
         operands = tuple(types[s] for s in ins.input_slots)
         out = types[ins.output_slot]
@@ -80,17 +89,23 @@ def free_axes(program: Program, specs: Sequence[AtomSpec]) -> FreeAxes:
                     ins.output_slot, operands, out, f"$.instructions[{i}]")
         free = spec.free_axes(node) if spec.free_axes is not None else frozenset()
         linear = spec.linear(node) if spec.linear is not None else None
+        if linear is not None and not linear.operands and not linear.sums:
+            zeros.add(ins.output_slot)  # linear in no operand: 0
         where = f"instruction {ins.instruction_id!r} ({spec.name})"
         named = [(spec.inputs[k] if k < len(spec.inputs) else f"operand {k}", t)
                  for k, t in enumerate(operands)] + [("its output", out)]
-        sums_here = {s for s in _symbols(operands) - _symbols((out,)) if _sums_over(operands, linear, s)}
-        out_symbols = _symbols((out,))
+        out_symbols = _symbols((out,), root)
+        sums_here = {s for s in _symbols(operands, root) - out_symbols if _sums_over(operands, linear, s, root)}
+        merging = ins.instruction_id in merge_ids and out.sizes[0] in root
         for k, (what, t) in enumerate(named):
             for a, s in _symbolic(t):
-                if s in sums_here:
+                r = root.get(s, s)
+                if r in sums_here:
                     continue  # a summation index: the slices' outputs add up to the whole
-                if k in spec.types_only and s not in out_symbols:
+                if k in spec.types_only and r not in out_symbols:
                     continue  # only its type is read: the output is the same in every slice
+                if merging and a == t.axes[0] and r == root[out.sizes[0]]:
+                    continue  # B merged into the output's leading N: B's slices are N's
                 if a not in free:
                     tie(s, f"{where} ties axis {a!r} of {what}" + (
                         "" if spec.free_axes is not None else " (the atom declares no free axis)"))
@@ -106,13 +121,17 @@ def free_axes(program: Program, specs: Sequence[AtomSpec]) -> FreeAxes:
         read = [slot for k, slot in enumerate(ins.input_slots) if k not in spec.types_only]
         for s in sums_here | {s for s, slots in summed.items() if slots & set(read)}:
             why = _why_not_a_sum(ins.input_slots, operands, out, linear, s,
-                                 summed.get(s, set()) & set(read), s in sums_here)
+                                 summed.get(s, set()) & set(read), zeros, s in sums_here, root)
             if why is None:
                 summed.setdefault(s, set()).add(ins.output_slot)
             else:
                 tie(s, f"{where} {why}")
     for s in program.symbols:
-        if s not in carried_by_input:
+        if s in merged:
+            b, ids = merged[s]
+            tied.setdefault(s, f"{b!r} merged with other axes by {', '.join(map(repr, ids))} (a slice "
+                               f"along {b!r} is a slice of it)")
+        elif s not in carried_by_input:
             tie(s, "no input carries it")
     free_symbols = tuple(s for s in program.symbols if s not in tied)
     sums = {s: tuple(o for o in program.outputs if o in summed.get(s, ())) for s in free_symbols}
@@ -120,44 +139,81 @@ def free_axes(program: Program, specs: Sequence[AtomSpec]) -> FreeAxes:
                     {s: slots for s, slots in sums.items() if slots})
 
 
-def _symbols(ts: Sequence[TensorType]) -> set[str]:
-    return {s for t in ts for _, s in _symbolic(t)}
+def _merged_symbols(program: Program, specs: Sequence[AtomSpec]) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """N -> (B, the instructions making it): symbols N that C-order reshapes (``AtomSpec.view``)
+    make by merging a leading axis of symbol B with the axes after it ([B, S, D] -> [N, D]), so
+    that a slice along B is a slice along N. Only when every producer of N merges the same
+    sizes, nothing else introduces N and no binding carries it."""
+    found: dict[str, list] = {}
+    introduced: dict[str, set[str]] = {}  # N -> the instructions whose output has N and no operand does
+    for ins, spec in zip(program.instructions, specs):
+        inputs = [program.slot(slot).value_type for slot in ins.input_slots]
+        o = program.slot(ins.output_slot).value_type
+        for n in {s for s in o.sizes if isinstance(s, str)} - {s for t in inputs for s in t.sizes}:
+            introduced.setdefault(n, set()).add(ins.instruction_id)
+        if not spec.view or len(inputs) != 1:
+            continue
+        t = inputs[0]
+        k = t.rank - o.rank + 1  # input axes [0, k) become output axis 0
+        if k < 2 or o.rank < 1 or not isinstance(o.sizes[0], str) or not isinstance(t.sizes[0], str) \
+                or (t.axes[k:], t.sizes[k:]) != (o.axes[1:], o.sizes[1:]) \
+                or o.sizes[0] in t.sizes or t.sizes[0] in t.sizes[1:k]:
+            continue
+        found.setdefault(o.sizes[0], []).append((t.sizes[:k], ins.instruction_id))
+    carried = {s for b in program.bindings for s in b.value_type.sizes if isinstance(s, str)}
+    return {n: (uses[0][0][0], tuple(i for _, i in uses)) for n, uses in found.items()
+            if n not in carried and len({u for u, _ in uses}) == 1
+            and introduced.get(n, set()) == {i for _, i in uses} and uses[0][0][0] not in found}
 
 
-def _sums_over(operands: Sequence[TensorType], linear: Linear | None, symbol: str) -> bool:
-    """Whether every axis ``symbol`` sizes in ``operands`` lies on a summation index of
-    ``linear`` that runs along ``symbol`` alone (so each slice sums a part of its terms)."""
+def _symbols(ts: Sequence[TensorType], root: Mapping[str, str]) -> set[str]:
+    return {root.get(s, s) for t in ts for _, s in _symbolic(t)}
+
+
+def _sums_over(operands: Sequence[TensorType], linear: Linear | None, symbol: str,
+               root: Mapping[str, str]) -> bool:
+    """Whether every axis ``symbol`` sizes in ``operands`` (itself or a symbol merging it) lies
+    on a summation index of ``linear`` that runs along it alone (each slice sums a part of its terms)."""
     if linear is None or not linear.sums:
         return False
     covered = set()
     for index in linear.sums:
         sizes = {operands[k].size_of(a) for k, a in index}
-        if symbol in sizes:
-            if sizes != {symbol}:
+        roots = {root.get(s, s) for s in sizes}
+        if symbol in roots:
+            if roots != {symbol} or len(sizes) != 1:
                 return False  # paired with a static axis or another symbol
             covered.update(index)
-    return covered == {(k, a) for k, t in enumerate(operands) for a, s in _symbolic(t) if s == symbol}
+    return covered == {(k, a) for k, t in enumerate(operands) for a, s in _symbolic(t)
+                       if root.get(s, s) == symbol}
 
 
 def _why_not_a_sum(slots: Sequence[str], operands: Sequence[TensorType], out: TensorType,
-                   linear: Linear | None, symbol: str, sums: set[str], summing: bool) -> str | None:
+                   linear: Linear | None, symbol: str, sums: set[str], zeros: set[str], summing: bool,
+                   root: Mapping[str, str]) -> str | None:
     """Why the instruction's output is no sum over ``symbol`` though it sums over it
     (``summing``) or reads a sum over it (``sums``); None when it is one."""
     read = [k for k, slot in enumerate(slots) if slot in sums]
-    if summing:  # its other operands must be the same in every slice
-        if read:
+    if summing:  # operands without the symbol: the same in every slice, or (scatter's base) sums
+        carrying = {k for k, t in enumerate(operands) if symbol in _symbols((t,), root)}
+        if linear.jointly:
+            rest = [k for k in linear.operands if k not in carrying and k not in read and slots[k] not in zeros]
+            if rest:
+                return (f"sums over {symbol!r} into {slots[rest[0]]!r}, which is not a sum over it (each "
+                        "slice would add it again)")
+        if any(k not in linear.operands or not linear.jointly for k in read):
             return f"sums over {symbol!r} and also reads {slots[read[0]]!r}, a sum over it"
         return None
     sum_name = slots[read[0]]
-    if symbol in _symbols((*operands, out)):
+    if symbol in _symbols((*operands, out), root):
         return f"reads {sum_name!r}, a sum over {symbol!r}, together with values that carry {symbol!r}"
     if linear is None:
         return f"reads {sum_name!r}, a sum over {symbol!r}, and is not linear in it"
     fixed = [k for k in range(len(slots)) if k not in linear.operands]
     if any(k in read for k in fixed):
         return f"reads {sum_name!r}, a sum over {symbol!r}, as an operand it is not linear in"
-    if linear.jointly and len(read) != len(linear.operands):
-        other = next(slots[k] for k in linear.operands if k not in read)
+    if linear.jointly and any(k not in read and slots[k] not in zeros for k in linear.operands):
+        other = next(slots[k] for k in linear.operands if k not in read and slots[k] not in zeros)
         return (f"adds {sum_name!r}, a sum over {symbol!r}, to {other!r}, which is not one (each slice "
                 "would add it again)")
     if not linear.jointly and len(read) > 1:

@@ -106,12 +106,14 @@ class AtomSpec:
 class Linear:
     """How an atom's output is linear in its operands (``AtomSpec.linear``).
 
-    ``operands``: the positions it is linear in, every other operand held fixed. ``jointly``:
-    linear in them together, f(a + a', b + b') = f(a, b) + f(a', b') (add, layout moves, a
-    sum), else in each one alone with the others fixed (contract, scale). ``sums``: the
-    output's summation indices, each the (operand position, axis) pairs it runs along
-    together; the output is the sum over them of terms that read every operand at that index
-    only (contract's reduce pairs, a sum-reduction's axis)."""
+    ``operands``: the positions it is linear in, every other operand held fixed (none: the
+    output is 0, a fill of 0). ``jointly``: linear in them together, f(a + a', b + b') =
+    f(a, b) + f(a', b') (add, layout moves, a sum), else in each one alone with the others
+    fixed (contract, scale). ``sums``: the output's summation indices, each the (operand
+    position, axis) pairs it runs along together; the output is the sum over them of terms
+    that read every operand carrying them at that index only (contract's reduce pairs, a
+    sum-reduction's axis), plus, when ``jointly``, a linear function of the ``operands`` that
+    carry none of them (scatter-add's base)."""
 
     operands: tuple[int, ...]
     jointly: bool
