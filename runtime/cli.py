@@ -175,6 +175,7 @@ def _parser() -> argparse.ArgumentParser:
     dims(c)
     c.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                    help="the dtype of the program's 'floating' bindings (default float32)")
+    c.add_argument("--note-failure", action="store_true", help=argparse.SUPPRESS)  # (_fill_cache's child)
     c = command("cache", _cache, "Show (info) or clear the kernel cache.", program=False)
     c.add_argument("action", choices=("info", "clear"), help="info: location, size, files; "
                    "clear: remove the cache's own files")
@@ -400,6 +401,7 @@ def summary(program) -> list[str]:
 
 def _run(args) -> int:
     exe, dims = _prepare(args)
+    _report_background_failure(exe.program, args.backend)
     inputs, banks = _values(exe, args, dims)
     with _compile_feedback():
         started = time.perf_counter()
@@ -459,16 +461,55 @@ def _fill_cache(args, program, inputs, banks, dims: dict[str, int]) -> int | Non
     if not symbols <= set(dims) or len(floating) > 1 or not floating <= {"float32", "float64"}:
         return None
     command = [sys.executable, "-m", "runtime.cli", "compile", str(Path(args.program).resolve()),
-               "--backend", args.backend, "--dtype", floating.pop() if floating else "float32",
+               "--backend", args.backend, "--dtype", floating.pop() if floating else "float32", "--note-failure",
                *(f"--dim={s}={e}" for s, e in sorted(dims.items()))]
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     return child.pid
 
 
+def _failure_note(program, backend: str) -> Path:
+    """Where the ``formula compile`` that a one-shot ``formula run`` leaves behind writes its
+    error, for the next ``formula run`` of the program to print (a file of the cache's
+    ``ready/`` folder, so ``formula cache clear`` removes it)."""
+    from runtime.kernels.codegen import ready_marker
+
+    return ready_marker(f"failed|{program.fingerprint}|{backend}")
+
+
+def _report_background_failure(program, backend: str) -> None:
+    """Print, once, the error of the cache-filling compile an earlier run of this program left."""
+    note = _failure_note(program, backend)
+    try:
+        error = json.loads(note.read_text())
+        note.unlink()
+    except (OSError, ValueError):
+        return
+    if isinstance(error, dict):
+        print(f"error [{error.get('code')}] {error.get('path')}: {error.get('message')} (in the "
+              f"background compile an earlier `formula run` of this program left; this run goes on)",
+              file=sys.stderr)
+
+
 def _compile(args) -> int:
     """Every kernel of the plan for ``--dim``s and ``--dtype``, in every variant a later extent
-    of a symbolic axis may take, compiled or loaded into the cache; runs on random values."""
+    of a symbolic axis may take, compiled or loaded into the cache; runs on random values.
+    ``--note-failure`` (the child a one-shot ``formula run`` leaves): a FormulaError is also
+    written where the next ``formula run`` prints it."""
+    try:
+        return _compile_program(args)
+    except FormulaError as exc:
+        if args.note_failure:
+            from runtime.api import load_program
+
+            with contextlib.suppress(OSError, FormulaError):
+                note = _failure_note(load_program(Path(args.program)), args.backend)
+                note.parent.mkdir(parents=True, exist_ok=True)
+                note.write_text(json.dumps({"code": exc.code, "path": exc.path, "message": exc.message}))
+        raise
+
+
+def _compile_program(args) -> int:
     from runtime.api import compile as compile_program
     from runtime.execution.executor import DRIVER_AFTER_RUNS, check_dims
     from runtime.kernels import compilelog

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,3 +116,52 @@ def test_a_raising_kernel_is_named_and_keeps_the_cli_contract(tmp_path):
     doc = json.loads(run.stdout)
     assert doc["ok"] is False and doc["error"]["code"] == "kernel_failed"
     assert doc["error"]["path"] == "$.instructions[0]" and doc["error"]["message"].startswith(f"{ATOM}: {what}")
+
+
+def test_a_kernel_failing_in_the_background_compile_reaches_the_next_one_shot_run(tmp_path):
+    """A cpu kernel that raises only once compiled: the one-shot `formula run` answers on the
+    reference kernels, the `formula compile` it leaves fails, and the next run prints that
+    error once, named (README, "One-shot formula run")."""
+    files = variant('    kernels={"reference": reference_kernel},',
+                    '    kernels={"reference": reference_kernel, "cpu": broken_cpu_kernel},')
+    files["formula_softsign.py"] = files["formula_softsign.py"].replace(
+        '    elementwise=lambda node: ScalarOp("{0} / (1.0 + abs({0}))"),  # cpu, cuda: fused\n',
+        "").replace("\n\nSOFTSIGN = ", '''
+
+
+def broken_cpu_kernel(request):
+    def run(inputs, out):
+        raise ZeroDivisionError("softsign on cpu")
+    return plain_kernel(run)
+
+
+SOFTSIGN = ''', 1)
+    assert "broken_cpu_kernel(request)" in files["formula_softsign.py"] and "elementwise=" not in files["formula_softsign.py"]
+    project, env = install(tmp_path, files)
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    env["FORMULA_CACHE_DIR"] = str(cache)  # nothing ready: the first one-shot run is tiered
+    what = f"{ATOM}: its 'cpu' kernel raised ZeroDivisionError: softsign on cpu"
+    done = shell("python use_softsign.py", project, env)  # writes the program, then runs cpu untiered
+    assert done.returncode == 1 and f"[kernel_failed] $.instructions[0]: {what}" in done.stderr
+    first = shell("formula run softsign.program.json --random --dim T=4 --json", project, env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    doc = json.loads(first.stdout)
+    assert doc["tier"] == "reference" and doc["filling_cache"]
+    deadline = time.monotonic() + 240
+    while _alive(doc["filling_cache"]) and time.monotonic() < deadline:  # the compile it left
+        time.sleep(0.5)
+    second = shell("formula run softsign.program.json --random --dim T=4 --no-fill-cache", project, env)
+    assert second.returncode == 0, second.stdout + second.stderr  # (served by reference again)
+    assert second.stderr.startswith(f"error [kernel_failed] $.instructions[0]: {what}")
+    assert "in the background compile an earlier `formula run` of this program left" in second.stderr
+    third = shell("formula run softsign.program.json --random --dim T=4 --no-fill-cache", project, env)
+    assert "kernel_failed" not in third.stderr  # printed once
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

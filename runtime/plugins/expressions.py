@@ -61,6 +61,8 @@ def check_text(expr: object, arity: int) -> str:
     except (KeyError, ValueError) as exc:
         raise ExpressionError(f"its placeholders are not {{0}}, {{1}}… ({type(exc).__name__}: {exc}); "
                               "write a literal brace as {{ or }}") from None
+    if "\n" in text or "\r" in text:  # (it becomes one line of generated code)
+        raise ExpressionError("it spans lines; write it on one line")
     try:
         tree = ast.parse(text.strip(), mode="eval")
         compile(tree, "<ScalarOp>", "eval")
@@ -127,24 +129,27 @@ def _numba_refusal(text: str, dtypes: Sequence[str], backend: str) -> str | None
     import numpy as np
     import numba
     from numba.core import compiler, typed_passes
+    from numba.core.compiler_lock import global_compiler_lock
 
     namespace = {"math": math, "np": np}
     args = ", ".join(placeholders(len(dtypes)))
     exec(f"def _scalar_op({args}):\n    return {text.strip()}\n", namespace)  # noqa: S102 (checked above)
-    context = _typing_context(backend)
     try:
-        interp = compiler.run_frontend(namespace["_scalar_op"])
-        types = tuple(getattr(numba, "boolean" if d == "boolean" else d) for d in dtypes)
-        typed_passes.type_inference_stage(context.typing_context, context.target_context, interp, types, None)
+        with global_compiler_lock:  # (Numba's contexts are shared with compiles in other threads)
+            context = _typing_context()
+            interp = compiler.run_frontend(namespace["_scalar_op"])
+            types = tuple(getattr(numba, d) for d in dtypes)
+            typed_passes.type_inference_stage(context.typing_context, context.target_context, interp,
+                                              types, None)
     except Exception as exc:  # Numba's TypingError and friends
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         return " ".join(lines[:2]) if lines else type(exc).__name__
     return None
 
 
-def _typing_context(backend: str):
-    """The CPU target's contexts (the CUDA simulator runs Python; a real GPU's device functions
-    support a subset of what the CPU's do: those fail in the compile, still named)."""
+def _typing_context():
+    """The CPU target's contexts, for every backend: the CUDA simulator runs Python, and what a
+    real GPU's device functions lack beyond the CPU's fails in the compile, still named."""
     from numba.core.registry import cpu_target
 
     cpu_target.typing_context.refresh()
