@@ -96,7 +96,8 @@ def _check_node(node: ast.AST, operands: set[str]) -> None:
         owner = node.value.id if isinstance(node.value, ast.Name) else None
         if owner == "math" and node.attr in MATH or owner == "np" and node.attr in NP_CASTS:
             return
-        raise ExpressionError(f"it uses {_show(node)}, which expressions may not use; "
+        instead = f" (use math.{node.attr})" if owner == "np" and node.attr in MATH else ""
+        raise ExpressionError(f"it uses {_show(node)}{instead}, which expressions may not use; "
                               f"they may use {ALLOWED}")
     # (a bare ``math`` or ``np``, outside an attribute, is refused by Numba's typing)
     if isinstance(node, ast.Name) and node.id not in operands | set(BUILTINS) | {"math", "np"}:

@@ -92,7 +92,7 @@ def assert_names_the_plugin(err: runtime.FormulaError, *parts: str):
 @pytest.mark.parametrize("expr, why", [
     ("{0} +* 1", "it is not a Python expression: invalid syntax"),
     ("float(str({0}))", "it calls str, which expressions may not use"),
-    ("np.tanh({0})", "it uses np.tanh, which expressions may not use"),
+    ("np.tanh({0})", "it uses np.tanh (use math.tanh), which expressions may not use"),
     ("{0} + {1}", "it refers to an operand the atom lacks (it has 1: {0} to {0})"),
     ("{0}.real", "it uses {0}.real, which expressions may not use"),
     ("{x} * 2", "its placeholders are not {0}, {1}…"),
