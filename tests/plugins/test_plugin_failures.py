@@ -48,8 +48,9 @@ def softsign_plugin(expr: str | None = "{0} / (1.0 + abs({0}))", raises: str = "
             raise runtime.FormulaError("index_range", node.path, "softsign: index 9 outside the axis")
 
     kernels = {"reference": kernel("reference")}
-    if raises.startswith("cpu"):
-        kernels["cpu"] = kernel("cpu")
+    for backend in ("cpu", "cuda"):
+        if raises.startswith(backend):
+            kernels[backend] = kernel(backend)
     spec = AtomSpec(name=name, refs=(REF.replace("softsign", name),), inputs=("value",),
                     attributes=frozenset(), infer=infer, kernels=kernels,
                     check_values=check if raises in ("check", "index_range") else None,
@@ -140,6 +141,7 @@ def test_the_allowed_symbols_cover_the_builtin_expressions():
     ("cpu", "cpu", "its 'cpu' kernel raised ValueError: cpu kernel broke", ValueError),
     ("cpu factory", "cpu", "its 'cpu' kernel factory raised RuntimeError: no factory today", RuntimeError),
     ("check", "reference", "its value check (check_values) raised IndexError", IndexError),
+    ("cuda", "cuda", "its 'cuda' kernel raised ValueError: cuda kernel broke", ValueError),
 ])
 def test_plugin_code_that_raises_is_kernel_failed_with_its_cause(raises, backend, what, cause):
     registry = registry_with(softsign_plugin(None, raises))
@@ -202,6 +204,22 @@ def test_formula_atoms_lists_the_fused_backends_and_whole_references():
     assert lines[k].split() == [REF, "softsign", "formula-softsign"]  # whole, the backends below
     assert lines[k + 1] == "    runs on reference, cpu (fused), cuda (fused)"
     assert max(map(len, lines)) <= 100
+
+
+def test_a_short_name_two_plugins_register_asks_for_the_whole_reference():
+    registry = registry_with(softsign_plugin())
+    other_spec = AtomSpec(name="softsign", refs=("acme/formula-atom-softsign@1",), inputs=("value",),
+                          attributes=frozenset(), infer=lambda ctx: ctx.operands[0])
+
+    class Acme:
+        @hookimpl
+        def formula_register_atoms(self, register):
+            register(other_spec)
+    registry.register(Acme(), PluginInfo("acme", "acme-atoms", "1.0"))
+    with pytest.raises(runtime.FormulaError) as err:
+        program(registry)
+    assert err.value.code == "unknown_atom"
+    assert f"registered by several plugins: acme/formula-atom-softsign@1, {REF}" in err.value.message
 
 
 def test_short_names_resolve_against_every_plugins_atoms():
