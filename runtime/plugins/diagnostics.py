@@ -104,8 +104,8 @@ def _operand_dtypes(row: dict[str, Any]) -> str:
 def format_atoms(rows: Sequence[dict[str, Any]]) -> str:
     """A table within WIDTH columns: reference, atom, distribution and the backends it runs on
     (``(fused)``: by the backend's chain kernel of its expression); below each row, indented,
-    the dtypes each operand accepts and the atom's traits; a legend of the dtype classes closes
-    it. A reference or a distribution is never cut (a user copies them): a row too wide for
+    the dtypes each operand accepts, the atom's traits and its attribute keys; a legend of the
+    dtype classes closes it. A reference or a distribution is never cut (a user copies them): a row too wide for
     the columns moves its backends, then its atom and distribution, to lines of their own."""
     if not rows:
         return "no atoms are registered (is formula-runtime's built-in 'atoms' plugin loadable?)"
@@ -128,6 +128,8 @@ def format_atoms(rows: Sequence[dict[str, Any]]) -> str:
         traits = _traits(row)
         if traits != "-":
             lines += _wrapped("    ", traits)
+        if row["attributes"]:  # the exact key set an instruction must give
+            lines += _wrapped("    attributes ", ", ".join(row["attributes"]))
     distinct = len({r["alias_of"] or r["reference"] for r in rows})
     lines.append(f"{len(rows)} references, {distinct} atoms")
     used = sorted({part for r in rows for cls in r["dtype_classes"].values() if cls

@@ -65,6 +65,7 @@ def test_format_atoms_text():
     # these atoms declare no dtypes: no dtypes line and no legend
     k = next(i for i, line in enumerate(lines) if line.startswith("diag-test/formula-atom-only-ref@1"))
     assert lines[k + 1] == "    anchor (cpu), value checks"
+    assert lines[k + 2] == "    attributes k"  # the keys an instruction must give
     assert lines[-1] == "3 references, 2 atoms"
     assert "dtypes" not in text
     assert "no atoms" in diagnostics.format_atoms([])
