@@ -23,6 +23,7 @@ from runtime.execution import background
 from runtime.kernels import compilelog
 from runtime.plugins import failures
 from runtime.plugins.atomspec import Node
+from runtime.plugins.expressions import static_checks_only
 from runtime.plugins.kernel import Kernel, KernelRequest
 from runtime.backends.base import Backend
 from runtime.kernels.arrays import is_device_array
@@ -969,8 +970,10 @@ class _Tiers:
             return exe._compiled(dict(bound.dims), dtypes, resident)
         if key not in self._pending and key not in self._errors:
             # planned here (nothing compiled) so that a refused ScalarOp expression or a
-            # raising infer is this run's error, not the background compilation's
-            exe._schedule(dict(bound.dims), dtypes, enforce=False)
+            # raising infer is this run's error, not the background compilation's (which
+            # alone types the expressions with Numba: starting its typing takes ~0.7 s)
+            with static_checks_only():
+                exe._schedule(dict(bound.dims), dtypes, enforce=False)
         with self._lock:
             error = self._errors.get(key)
             if error is not None:

@@ -18,6 +18,8 @@ A failure is ``kernel_failed`` naming the atom, its plugin, the expression and t
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import math
 import re
 import threading
@@ -107,6 +109,19 @@ def _check_node(node: ast.AST, operands: set[str]) -> None:
 
 _typed: dict[tuple, str | None] = {}  # (text, dtypes, backend) -> None or why Numba refuses it
 _typed_lock = threading.Lock()
+# off while a tiered run checks its plan in the foreground: Numba's typing takes ~0.7 s to start
+# in a process, which the first result must not wait for; the background build types them
+_typing: contextvars.ContextVar[bool] = contextvars.ContextVar("formula_expression_typing", default=True)
+
+
+@contextlib.contextmanager
+def static_checks_only():
+    """Within it, :func:`scalar_op` checks placeholders, syntax and symbols, not Numba's typing."""
+    token = _typing.set(False)
+    try:
+        yield
+    finally:
+        _typing.reset(token)
 
 
 def check_types(text: str, dtypes: Sequence[str], backend: str) -> None:
@@ -173,7 +188,8 @@ def scalar_op(node: Node, backend: str) -> ScalarOp | None:
         if not isinstance(op, ScalarOp):
             raise ExpressionError(f"elementwise(node) returned {type(op).__name__}, not a ScalarOp")
         text = check_text(op.expr, len(node.input_types))
-        check_types(text, [t.dtype for t in node.input_types], backend)
+        if _typing.get():
+            check_types(text, [t.dtype for t in node.input_types], backend)
     except ExpressionError as exc:
         raise expression_failed(spec, node.path, op, exc) from exc.__cause__
     return op

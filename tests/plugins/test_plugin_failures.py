@@ -117,10 +117,20 @@ def test_a_refused_expression_is_the_plugins_problem_and_the_plans_error(expr, w
 def test_an_expression_numba_cannot_type_is_refused_at_plan_time():
     registry = registry_with(softsign_plugin("({0} & {0})"))  # bitwise and of floats
     assert not registry.atom_problems  # Python accepts it: only Numba's typing refuses it
+    why = "its ScalarOp expression '({0} & {0})' is refused: Numba cannot compile it for cpu on float32 operands"
     with pytest.raises(runtime.FormulaError) as err:
-        run(registry, "cpu", tiered=True)
-    assert_names_the_plugin(err.value, "its ScalarOp expression '({0} & {0})' is refused: "
-                                       "Numba cannot compile it for cpu on float32 operands")
+        run(registry, "cpu", tiered=False)
+    assert_names_the_plugin(err.value, why)
+    # tiered, the first result does not wait for Numba's typing: the background build types
+    # it, and its refusal is the next run's error
+    exe = runtime.compile(program(registry), "cpu", registry, tiered=True)
+    assert exe.run(inputs={"x": X}).tier == "reference"
+    with pytest.raises(runtime.FormulaError) as err:
+        exe.wait_compiled()
+    assert_names_the_plugin(err.value, why)
+    with pytest.raises(runtime.FormulaError) as err:
+        exe.run(inputs={"x": X})
+    assert_names_the_plugin(err.value, why)
 
 
 def test_the_allowed_symbols_cover_the_builtin_expressions():
