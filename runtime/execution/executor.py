@@ -23,7 +23,7 @@ from runtime.execution import background
 from runtime.kernels import compilelog
 from runtime.plugins import failures
 from runtime.plugins.atomspec import Node
-from runtime.plugins.expressions import static_checks_only
+from runtime.plugins.expressions import numba_typing
 from runtime.plugins.kernel import Kernel, KernelRequest
 from runtime.backends.base import Backend
 from runtime.kernels.arrays import is_device_array
@@ -361,7 +361,8 @@ class Executable:
                check_outputs: bool = False, whole: Mapping[str, int] | None = None) -> CompiledPlan:
         """Kernels for these extents; none counts the non-finite values of ``resident``
         banks (checked when loaded). ``check_outputs``: every instruction output is checked."""
-        plan, types, binding_types = self._schedule(dims, dtypes, check_outputs=check_outputs, whole=whole)
+        with numba_typing():  # (the plan's expressions, typed as the kernels about to compile them)
+            plan, types, binding_types = self._schedule(dims, dtypes, check_outputs=check_outputs, whole=whole)
         self.backend.prepare({t.dtype for t in binding_types.values()})
         binding_slots = set(binding_types)
         unclaimed = {n for n, t in binding_types.items() if t.dtype in FLOAT_DTYPES} - resident
@@ -971,9 +972,8 @@ class _Tiers:
         if key not in self._pending and key not in self._errors:
             # planned here (nothing compiled) so that a refused ScalarOp expression or a
             # raising infer is this run's error, not the background compilation's (which
-            # alone types the expressions with Numba: starting its typing takes ~0.7 s)
-            with static_checks_only():
-                exe._schedule(dict(bound.dims), dtypes, enforce=False)
+            # alone types the expressions with Numba, as every kernel build does)
+            exe._schedule(dict(bound.dims), dtypes, enforce=False)
         with self._lock:
             error = self._errors.get(key)
             if error is not None:

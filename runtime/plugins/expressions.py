@@ -10,8 +10,9 @@ plan uses it (:func:`scalar_op`), before any run:
 2. the text is one Python expression (``compile``);
 3. it uses only :data:`ALLOWED` symbols (an AST walk: no other names, attributes, subscripts,
    lambdas, comprehensions or strings);
-4. Numba types it for the operands' dtypes (type inference only, no code generation: about a
-   millisecond, once per expression and dtypes in a process).
+4. Numba types it for the operands' dtypes when the plan's kernels are built (type inference
+   only, no code generation: about a millisecond, once per expression and dtypes in a process,
+   after Numba's typing has started).
 
 A failure is ``kernel_failed`` naming the atom, its plugin, the expression and the instruction.
 """
@@ -109,15 +110,17 @@ def _check_node(node: ast.AST, operands: set[str]) -> None:
 
 _typed: dict[tuple, str | None] = {}  # (text, dtypes, backend) -> None or why Numba refuses it
 _typed_lock = threading.Lock()
-# off while a tiered run checks its plan in the foreground: Numba's typing takes ~0.7 s to start
-# in a process, which the first result must not wait for; the background build types them
-_typing: contextvars.ContextVar[bool] = contextvars.ContextVar("formula_expression_typing", default=True)
+# on while a plan's kernels are built (runtime.execution.executor): Numba's typing takes ~0.5 s
+# to start in a process, which a compile pays anyway but a plan report (formula plan, the CLI's
+# preflight) or a tiered first run must not
+_typing: contextvars.ContextVar[bool] = contextvars.ContextVar("formula_expression_typing", default=False)
 
 
 @contextlib.contextmanager
-def static_checks_only():
-    """Within it, :func:`scalar_op` checks placeholders, syntax and symbols, not Numba's typing."""
-    token = _typing.set(False)
+def numba_typing():
+    """Within it, :func:`scalar_op` also types expressions with Numba (else: placeholders,
+    syntax and symbols only)."""
+    token = _typing.set(True)
     try:
         yield
     finally:
@@ -174,7 +177,8 @@ def _typing_context():
 
 
 def scalar_op(node: Node, backend: str) -> ScalarOp | None:
-    """``node``'s scalar form for ``backend`` (None: not fusable), its expression checked."""
+    """``node``'s scalar form for ``backend`` (None: not fusable), its expression checked (and
+    typed by Numba within :func:`numba_typing`)."""
     spec = node.atom
     try:
         op = spec.elementwise(node)
