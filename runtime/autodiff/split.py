@@ -21,6 +21,7 @@ import attrs
 
 from runtime.core.errors import fail
 from runtime.program.model import Program
+from runtime.autodiff.writer import slot_bytes
 
 POLICIES = ("save-all", "save-contractions", "save-inputs")
 # atoms whose results ``save-contractions`` keeps: the expensive ones to recompute
@@ -45,8 +46,6 @@ class Split:
 
     def saved_bytes(self, dims: Mapping[str, int]) -> dict[str, int]:
         """Bytes of each kept value at ``dims`` ('floating' counted as float32)."""
-        from runtime.autodiff.transform import slot_bytes
-
         return slot_bytes(self.program, self.saved, dims)
 
 

@@ -20,7 +20,7 @@ from runtime.program import loader
 from runtime.program.model import Program
 from runtime.program.validate import validate
 from runtime.autodiff.context import VjpContext
-from runtime.autodiff.writer import ProgramWriter
+from runtime.autodiff.writer import ProgramWriter, slot_bytes
 
 
 @attrs.frozen
@@ -57,16 +57,6 @@ class Gradient:
     def saved_bytes(self, dims: Mapping[str, int]) -> dict[str, int]:
         """Bytes of each saved value at ``dims`` ('floating' counted as float32)."""
         return slot_bytes(self.forward, self.saved, dims)
-
-
-def slot_bytes(program: Program, slots, dims: Mapping[str, int]) -> dict[str, int]:
-    """Bytes of each of ``slots`` at ``dims`` ('floating' counted as float32; 0 if unresolved)."""
-    out = {}
-    for slot in slots:
-        t = program.slot(slot).value_type
-        t = t.resolve(dims, "float32" if t.dtype == "floating" else None)
-        out[slot] = t.nbytes if t.is_static else 0
-    return out
 
 
 def load(src: Any, registry) -> Program:

@@ -125,3 +125,13 @@ class ProgramWriter:
         return {"schema_ref": self.program.schema_ref, "schema_version": self.program.schema_version,
                 "bindings": copy.deepcopy(self.bindings), "slots": slots, "instructions": instructions,
                 "outputs": outputs, "limits": limits}
+
+
+def slot_bytes(program: Program, slots, dims: Mapping[str, int]) -> dict[str, int]:
+    """Bytes of each of ``slots`` at ``dims`` ('floating' counted as float32; 0 if unresolved)."""
+    out = {}
+    for slot in slots:
+        t = program.slot(slot).value_type
+        t = t.resolve(dims, "float32" if t.dtype == "floating" else None)
+        out[slot] = t.nbytes if t.is_static else 0
+    return out
