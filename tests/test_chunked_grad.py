@@ -514,3 +514,27 @@ def test_a_scatter_add_into_zeros_is_a_sum_and_into_a_bank_is_not():
     doc, out = _scatter_program(False)
     free = runtime.compile(doc, backend="reference").free_axes
     assert free.free == () and "each slice would add it again" in free.tied["B"]
+
+
+def test_forward_instructions_a_gradient_program_never_runs_tie_nothing():
+    """A forward output the gradient does not differentiate (a mean over S) stays in the
+    gradient program but is never computed: it ties no axis there."""
+    b = ProgramBuilder()
+    x = b.input("x", {"B": "B", "S": "S", "D": 8})
+    w = b.bank("w", {"E": 4, "D": 8})
+    y = b.op("contract", [x, w], {"reduce_axes": [["D", "D"]], "output_axes": ["B", "S", "E"], **ACC})
+    stats = b.op("reduce@2", [y], {"axis": "S", "mode": "mean", **ACC})
+    doc = b.build(outputs=[y, stats])
+    assert runtime.compile(doc, backend="reference").free_axes.free == ("B",)
+    g = runtime.vjp(doc, ["w"], outputs=[y])
+    free = runtime.compile(g.program, backend="reference").free_axes
+    assert free.free == ("B", "S") and free.sums == {"B": (g.gradients["w"],), "S": (g.gradients["w"],)}
+    rng = np.random.default_rng(4)
+    inputs = {"x": rng.standard_normal((2, 9, 8)).astype(np.float32),
+              g.cotangents[y]: rng.standard_normal((2, 9, 4)).astype(np.float32)}
+    banks = {"w": rng.standard_normal((4, 8)).astype(np.float32)}
+    exe = runtime.compile(g.program, backend="cpu")
+    want = {k: v.copy() for k, v in exe.run(inputs=inputs, banks=banks).items()}
+    got = exe.run(inputs=inputs, banks=banks, chunks=4)
+    assert got.plan.chunking.symbol == "S"
+    check_results(got, want)

@@ -69,7 +69,10 @@ def free_axes(program: Program, specs: Sequence[AtomSpec]) -> FreeAxes:
                 carried_by_input.add(s)
     for slot in program.slots:
         types.setdefault(slot.slot_id, slot.value_type)
+    live = _live(program, specs)
     for name, t in types.items():
+        if name not in live and program.slot(name).producer == "instruction":
+            continue  # never computed (a gradient program's unread forward outputs)
         seen: dict[str, str] = {}
         for a, s in _symbolic(t):
             r = root.get(s, s)
@@ -83,6 +86,8 @@ def free_axes(program: Program, specs: Sequence[AtomSpec]) -> FreeAxes:
     summed: dict[str, set[str]] = {}  # symbol -> the slots that are sums over it
     zeros: set[str] = set()  # slots that are 0 (a sum over every symbol)
     for i, (ins, spec) in enumerate(zip(program.instructions, specs)):
+        if ins.output_slot not in live:
+            continue
         operands = tuple(types[s] for s in ins.input_slots)
         out = types[ins.output_slot]
         node = Node(i, ins.instruction_id, spec, ins.attributes, tuple(ins.input_slots),
@@ -137,6 +142,18 @@ def free_axes(program: Program, specs: Sequence[AtomSpec]) -> FreeAxes:
     sums = {s: tuple(o for o in program.outputs if o in summed.get(s, ())) for s in free_symbols}
     return FreeAxes(free_symbols, {s: tied[s] for s in program.symbols if s in tied},
                     {s: slots for s, slots in sums.items() if slots})
+
+
+def _live(program: Program, specs: Sequence[AtomSpec]) -> set[str]:
+    """The slots a run computes, exactly as ``planner.live_nodes`` keeps them (whatever a
+    slice runs must slice well): those an output depends on, and those of instructions with
+    value checks, with what they read."""
+    needed = set(program.outputs)
+    for ins, spec in zip(reversed(program.instructions), reversed(specs)):
+        if ins.output_slot in needed or spec.check_values is not None:
+            needed.add(ins.output_slot)
+            needed.update(ins.input_slots)
+    return needed
 
 
 def _merged_symbols(program: Program, specs: Sequence[AtomSpec]) -> dict[str, tuple[str, tuple[str, ...]]]:
