@@ -220,6 +220,130 @@ def reproduce_command(recorded: str) -> str:
     return shlex.join(out)
 
 
+# --- gradients and training (bench/training.py; suites grad, train, remat) ---------------------------
+
+GRAD_TARGETS = {"seed": 1.0, "mlp": 1.0, "block": 0.9}  # issues 33 and 34: torch eager / cpu at least this
+
+
+def _by_mode(merged: dict[str, Any], suite: str, key: str) -> dict[str, dict[tuple[str, str], float]]:
+    """group -> (contender, extra_info[key]) -> median seconds."""
+    table: dict[str, dict[tuple[str, str], float]] = defaultdict(dict)
+    for b in merged.get("benchmarks", []):
+        if b.get("suite") == suite and b.get("stats", {}).get("median") is not None:
+            table[b["group"]][(b["contender"], str(b.get("extra_info", {}).get(key)))] = b["stats"]["median"]
+    return table
+
+
+def _case_order(group: str):
+    name = group.split("-", 1)[1]
+    kind = name.split("-", 1)[0]
+    return (("seed", "mlp", "block").index(kind) if kind in ("seed", "mlp", "block") else 9,
+            [int(n) for n in re.findall(r"\d+", name)])
+
+
+def _fresh(merged: dict[str, Any], contender: str, case: str, remat: str | None, cache: str | None = None):
+    for r in merged.get("training_fresh") or []:
+        if r.get("contender") == contender and r.get("case") == case and not r.get("error") and \
+                (contender == "torch" or r.get("remat") == remat) and (cache is None or r.get("cache") == cache):
+            return r
+    return None
+
+
+def _mib(n: int | None) -> str:
+    return "—" if n is None else f"{n / 2 ** 20:.1f}"
+
+
+def grad_table(merged: dict[str, Any]) -> list[str]:
+    table = _by_mode(merged, "grad", "mode")
+    if not table:
+        return []
+    head = ["case", "cpu forward ms", "cpu backward ms", "cpu fwd+bwd ms (vjp program)", "cpu split ms",
+            "torch forward ms", "torch fwd+bwd ms", "torch backward ms", "cpu backward / forward (≤ 2)",
+            "torch / cpu fwd+bwd (target)", "torch fwd+bwd / cpu split"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for group in sorted(table, key=_case_order):
+        row, name = table[group], group.removeprefix("grad-")
+        cpu = {m: row.get(("cpu", m)) for m in ("forward", "backward", "fwdbwd", "split")}
+        tor = {m: row.get(("torch", m)) for m in ("forward", "fwdbwd", "backward")}
+        target = GRAD_TARGETS.get(name.split("-", 1)[0])
+        lines.append("| " + " | ".join([
+            name, *[_fmt_ms(cpu[m]) for m in ("forward", "backward", "fwdbwd", "split")],
+            *[_fmt_ms(tor[m]) for m in ("forward", "fwdbwd", "backward")],
+            _fmt_ratio(cpu["backward"], cpu["forward"]),
+            f"{_fmt_ratio(tor['fwdbwd'], cpu['fwdbwd'])} (≥ {target})" if target else _fmt_ratio(tor["fwdbwd"], cpu["fwdbwd"]),
+            _fmt_ratio(tor["fwdbwd"], cpu["split"])]) + " |")
+    return lines
+
+
+def train_table(merged: dict[str, Any]) -> list[str]:
+    table = _by_mode(merged, "train", "case")
+    if not table:
+        return []
+    head = ["case", "cpu step ms", "torch step ms", "torch / cpu (target)", "cpu first step s",
+            "torch first step s", "cpu peak RSS MiB", "torch peak RSS MiB", "cpu saved MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for group in sorted(table, key=_case_order):
+        name = group.removeprefix("train-")
+        cpu, tor = table[group].get(("cpu", name)), table[group].get(("torch", name))
+        fc = _fresh(merged, "cpu", name, "save-all", "warm") or _fresh(merged, "cpu", name, "save-all", "as-is")
+        cold = _fresh(merged, "cpu", name, "save-all", "cold")
+        ft = _fresh(merged, "torch", name, None)
+        target = GRAD_TARGETS.get(name.split("-", 1)[0])
+        first = f"{fc['first_step_s']:.2f}" if fc else "—"
+        lines.append("| " + " | ".join([
+            name, _fmt_ms(cpu), _fmt_ms(tor), f"{_fmt_ratio(tor, cpu)} (≥ {target})",
+            first + (f" (cold caches {cold['first_step_s']:.2f})" if cold else ""),
+            f"{ft['first_step_s']:.2f}" if ft else "—",
+            str(fc["peak_rss_mib"]) if fc else "—", str(ft["peak_rss_mib"]) if ft else "—",
+            _mib(fc["saved_bytes"]) if fc else "—"]) + " |")
+    return lines
+
+
+def remat_table(merged: dict[str, Any]) -> list[str]:
+    table = _by_mode(merged, "remat", "remat")
+    if not table:
+        return []
+    head = ["policy", "step ms", "saved MiB", "peak RSS MiB", "first step s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for group in sorted(table):
+        case = group.removeprefix("remat-")
+        for (contender, remat), median in sorted(table[group].items(), key=lambda kv: kv[0][0] == "torch"):
+            fresh = _fresh(merged, contender, case, None if contender == "torch" else remat)
+            saved = next((b["extra_info"].get("saved_bytes") for b in merged["benchmarks"]
+                          if b.get("suite") == "remat" and b["contender"] == contender
+                          and str(b["extra_info"].get("remat")) == remat), None)
+            label = "torch eager (autograd)" if contender == "torch" else f"{contender} `{remat}`"
+            lines.append("| " + " | ".join([
+                label, _fmt_ms(median), _mib(saved), str(fresh["peak_rss_mib"]) if fresh else "—",
+                f"{fresh['first_step_s']:.2f}" if fresh else "—"]) + " |")
+    return lines
+
+
+def training_sections(merged: dict[str, Any]) -> list[str]:
+    """The gradient, training-step and recompute-policy tables, where the run has them."""
+    out: list[str] = []
+    grad = grad_table(merged)
+    if grad:
+        out += ["", "## Forward+backward (median ms per call; bench/test_grad.py)", "",
+                "Gradients for every floating bank with one fixed cotangent; torch eager on the same "
+                "threads (`torch.autograd.grad`). *split*: the forward that keeps what the backward "
+                "reads, then the backward (what `runtime.torch.Module` runs); *backward*: that backward "
+                "alone.", ""] + grad
+    train = train_table(merged)
+    if train:
+        out += ["", "## A training step (forward, MSE, backward, AdamW; bench/test_train.py)", "",
+                "`runtime.torch.Module` (save-all) against the same model in torch eager. First step "
+                "(the runtime's vjp, split, compile and kernels, with the kernel caches as they are; "
+                "`--fresh-cold` adds a first step with empty ones) and peak RSS: a fresh process per "
+                "row (`--fresh`).", ""] + train
+    remat = remat_table(merged)
+    if remat:
+        out += ["", "## Recompute policies on the block (bench/test_remat.py)", "",
+                "A `runtime.torch.Module` step under each `remat` policy; saved: the bytes kept for the "
+                "backward; peak RSS and first step from fresh processes (`--fresh`).", ""] + remat
+    return out
+
+
 def render(merged: dict[str, Any], source: str = "(merged JSON)",
            noisy: dict[str, Any] | None = None) -> str:
     """The whole docs/performance.md text."""
@@ -245,6 +369,7 @@ def render(merged: dict[str, Any], source: str = "(merged JSON)",
     if merged.get("peak_rss"):
         out += ["", "## Peak RSS on the block at (B, S) = (4, 512) (fresh process per contender)", ""]
         out += rss_table(merged["peak_rss"])
+    out += training_sections(merged)
     if noisy:
         out += ["", "## Noisy neighbour (a CPU-bound process pinned to one core; noisy median / quiet median)", "",
                 f"Quiet: this report's run; noisy: `{noisy.get('command')}` ({noisy.get('created')}).", ""]
@@ -265,10 +390,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", type=Path, default=None, help="write here instead of stdout")
     p.add_argument("--noisy", type=Path, default=None,
                    help="merged JSON of a bench/run.py --noisy run: adds the slowdown table")
+    p.add_argument("--training", action="store_true",
+                   help="only the gradient, training-step and recompute-policy tables (a fragment)")
     args = p.parse_args(argv)
     merged = json.loads(args.merged.read_text())
     noisy = json.loads(args.noisy.read_text()) if args.noisy else None
-    text = render(merged, source=str(args.merged), noisy=noisy)
+    if args.training:
+        text = "\n".join([f"<!-- bench/report.py --training {args.merged} ({merged.get('created')}): "
+                          f"{reproduce_command(merged.get('command', 'python bench/run.py'))} -->",
+                          *training_sections(merged)]) + "\n"
+    else:
+        text = render(merged, source=str(args.merged), noisy=noisy)
     if args.output:
         args.output.write_text(text)
     else:

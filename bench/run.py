@@ -9,6 +9,7 @@ and recorded, per process, by bench/conftest.py.
     python bench/run.py --contenders numpy,cpu -k "not T32768" --report docs/performance.md
     python bench/run.py --quick                           # each case once, results checked
     python bench/run.py --suites blocks --noisy           # a CPU-bound process on one core meanwhile
+    python bench/run.py --suites grad,train,remat --contenders cpu,torch --fresh   # gradients, training
 """
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ if str(REPO) not in sys.path:
 from bench import coldstart, envinfo  # noqa: E402
 from bench.contenders import CONTENDERS, RUNTIME_BACKENDS  # noqa: E402
 
-SUITES = {"seed": "bench/test_seed.py", "atoms": "bench/test_atoms.py", "blocks": "bench/test_blocks.py"}
+SUITES = {"seed": "bench/test_seed.py", "atoms": "bench/test_atoms.py", "blocks": "bench/test_blocks.py",
+          "grad": "bench/test_grad.py", "train": "bench/test_train.py", "remat": "bench/test_remat.py"}
+DEFAULT_SUITES = ("seed", "atoms", "blocks")  # the gradient and training suites are named: --suites grad,train,remat
 SCHEMA = "formula-bench-merged/1"
 
 
@@ -164,7 +167,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Run each benchmark contender in its own process and merge the results.")
     p.add_argument("--contenders", default=",".join(CONTENDERS),
                    help=f"comma-separated, default all: {','.join(CONTENDERS)}")
-    p.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated of: {','.join(SUITES)}")
+    p.add_argument("--suites", default=",".join(DEFAULT_SUITES),
+                   help=f"comma-separated of: {','.join(SUITES)} (default {','.join(DEFAULT_SUITES)})")
     p.add_argument("--noisy", action="store_true",
                    help="noisy neighbour: a CPU-bound process pinned to one core while each contender runs")
     p.add_argument("-k", dest="keyword", default=None, help='pytest -k expression, e.g. "not T32768"')
@@ -176,6 +180,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--coldstart-tokens", type=int, default=256)
     p.add_argument("--rss", action="store_true",
                    help="also measure each contender's peak RSS on the block at (4, 512), fresh process each")
+    p.add_argument("--fresh", action="store_true",
+                   help="train/remat suites: each contender's training step in a fresh process too "
+                        "(peak RSS, time to the first step; bench/training.py fresh)")
+    p.add_argument("--fresh-cold", action="store_true",
+                   help="with --fresh: the runtime's first step with empty kernel caches, then warm")
     p.add_argument("--shared-process", action="store_true",
                    help="run all contenders in ONE process (only to show the interference it causes)")
     p.add_argument("--rounds", type=int, default=1,
@@ -217,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print("[bench] peak RSS on the block at (4, 512)", flush=True)
         merged["peak_rss"] = blocks.peak_rss([c for c in contenders if c != "reference"])
+    if args.fresh:
+        from bench import training
+
+        rows = training.fresh_rows(suites, contenders)
+        print(f"[bench] training steps in fresh processes: {len(rows)}", flush=True)
+        merged["training_fresh"] = training.fresh(rows, cold=args.fresh_cold, quick=args.quick)
     if len(rounds) > 1:
         merged["benchmarks"] = median_round([benchmarks_of(rs) for rs in rounds])
         merged["rounds"] = len(rounds)
@@ -231,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         args.report.write_text(report.render(merged, source=str(out)))
         print(f"[bench] report: {args.report}")
     bad = sorted({r["contender"] for rs in rounds for r in rs if r["returncode"] not in (0, 5)})  # 5: deselected
+    bad += sorted({f"{r['contender']} (fresh {r['case']})" for r in merged.get("training_fresh", []) if r.get("error")})
     if bad:
         print(f"[bench] FAILED contenders: {bad}", file=sys.stderr)
     return 1 if bad else 0
