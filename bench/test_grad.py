@@ -50,9 +50,7 @@ def prepared(contender: str, case: training.Case, quick: bool):
             training.check_output(case, values, run.output(), expected)
             want = run.reference()
             training.check_gradients(run.gradients(), want, f"{contender} split, {case.name}")
-            whole = run.fns["fwdbwd"]()
-            training.check_gradients({n: whole[s] for n, s in _whole_slots(run, case, values).items()}, want,
-                                     f"{contender} vjp program, {case.name}")
+            training.check_gradients(run.whole(), want, f"{contender} vjp program, {case.name}")
         else:
             reason = peer_unavailable(contender)
             if reason:
@@ -61,12 +59,6 @@ def prepared(contender: str, case: training.Case, quick: bool):
             training.check_output(case, values, run.output(), expected)
         _prepared[key] = run
     return _prepared[key]
-
-
-def _whole_slots(run, case, values) -> dict[str, str]:
-    import runtime
-
-    return runtime.vjp(training.program(case), wrt=training.wrt(case, values)).gradients
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)

@@ -164,6 +164,7 @@ class RuntimeGrad:
 
     fns: Mapping[str, Callable[[], Any]]  # mode -> zero-argument call
     gradients: Callable[[], dict[str, np.ndarray]]  # the split step's gradients by bank name
+    whole: Callable[[], dict[str, np.ndarray]]  # the whole vjp program's gradients by bank name
     reference: Callable[[], dict[str, np.ndarray]]  # the same gradient program on the reference backend
     output: Callable[[], np.ndarray]  # the forward's output
     saved_bytes: int
@@ -213,7 +214,11 @@ def runtime_grad(backend: str, case: Case, values: Values) -> RuntimeGrad:
         result = runtime.execute(g.program, inputs=g_inputs, banks=banks, backend="reference")
         return {n: result[g.gradients[n]] for n in names}
 
-    return RuntimeGrad(fns, lambda: {n: split_step()[sp.gradients[n]] for n in names}, reference,
+    def whole():
+        result = fns["fwdbwd"]()
+        return {n: result[g.gradients[n]] for n in names}
+
+    return RuntimeGrad(fns, lambda: {n: split_step()[sp.gradients[n]] for n in names}, whole, reference,
                        fns["forward"], sum(sp.saved_bytes(_dims(case)).values()))
 
 

@@ -2,8 +2,11 @@
 bench/report.py's training tables): case sizes, what --fresh measures, the tables' cells."""
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -78,3 +81,27 @@ def test_training_tables():
     assert "| cpu `save-inputs` | 60.00 | 0.0 | 500.0 | 3.50 |" in text
     assert "| torch eager (autograd) | 55.00 | — | — | — |" in text
     assert text.index("| cpu `save-inputs` |") < text.index("| torch eager (autograd) |")
+
+
+@pytest.mark.parametrize("name", ["seed-T256", "mlp-T4096", "block-B1-S128"])
+def test_the_torch_side_computes_what_the_programs_do(name):
+    """At the quick sizes, torch's forward and gradients equal the runtime's reference backend on
+    the same programs, and three training steps follow the same losses: the benchmarks compare
+    like with like."""
+    pytest.importorskip("torch", reason="the torch contender needs PyTorch")
+    import runtime
+
+    case = training.resolve(name, quick=True)
+    values = training.data(case)
+    names = training.wrt(case, values)
+    g = runtime.vjp(training.program(case), wrt=names)
+    (cot,) = g.cotangents.values()
+    got = runtime.execute(g.program, inputs={**values["inputs"], cot: values["cotangent"]},
+                          banks=values["banks"], backend="reference")
+    theirs = training.torch_grad(case, values)
+    training.check_output(case, values, theirs.output(), training.expected_output(case, values))
+    training.check_gradients(theirs.gradients(), {n: got[g.gradients[n]] for n in names}, f"torch, {name}")
+    ours, ref = (training.trainer(c, case, values) for c in ("reference", "torch"))
+    for _ in range(3):
+        a, b = ours.step(), ref.step()
+        assert math.isclose(a, b, rel_tol=1e-3), (a, b)
