@@ -685,8 +685,10 @@ class Executable:
             for node, positions in plans[size].upfront_checks:
                 _check(node, positions, lambda slot: values[slot])
         records: list[dict[str, Any]] | None = [] if trace else None
-        arenas = {n: c.acquire_arena() for n, c in plans.items()}
+        arenas: dict[int, dict[str, Any]] = {}
         try:
+            for n, c in plans.items():
+                arenas[n] = c.acquire_arena()
             for k, (size, values, targets) in enumerate(slices):
                 part = BoundValues(values, {**bound.dims, symbol: size},
                                    sum(getattr(v, "nbytes", 0) for v in values.values()),
@@ -702,8 +704,8 @@ class Executable:
                 if records is not None:
                     records.extend({**r, "chunk": k} for r in got.trace)
         finally:
-            for n, c in plans.items():
-                c.release_arena(arenas[n])
+            for n, arena in arenas.items():  # (only those acquired)
+                plans[n].release_arena(arena)
         sums.finish()
         return Result({slot: results[slot] for slot in self.program.outputs}, records,
                       attrs.evolve(compiled.plan, chunking=chunking))
