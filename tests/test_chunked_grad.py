@@ -167,7 +167,8 @@ LINEAR_CHAINS = {
         b.op("contract", [x, w], {"reduce_axes": [["D", "D"]], "output_axes": ["B", "E"], **ACC})],
         {"axis": "B", "mode": "sum", **ACC})], {"output_axes": ["E", "one"], "output_sizes": [4, 1]}),
     "contract over B": lambda b, x, w, c: b.op("contract", [x, b.op("broadcast", [c], {
-        "output_axes": ["B", "E"], "output_sizes": ["B", 4]})], {"reduce_axes": [["B", "B"]], "output_axes": ["D", "E"], **ACC}),
+        "output_axes": ["B", "E"], "output_sizes": ["B", 4]})],
+        {"reduce_axes": [["B", "B"]], "output_axes": ["D", "E"], **ACC}),
     "sum + sum, scaled by an input": lambda b, x, w, c: b.op("scale", [
         b.op("add", [_sum_b(b, x, w), _sum_b(b, x, w)], dict(ACC)), c], {"factor_axes": ["E"], **ACC}),
     "a sum times a bank": lambda b, x, w, c: b.op("contract", [w, _sum_b(b, x, w)], {
@@ -510,7 +511,8 @@ def test_a_scatter_add_into_zeros_is_a_sum_and_into_a_bank_is_not():
         exe = runtime.compile(doc, backend=backend)
         want = exe.run(inputs=inputs, banks=banks)[out].copy()
         for chunks in (1, 5):
-            np.testing.assert_allclose(exe.run(inputs=inputs, banks=banks, chunks=chunks)[out], want, rtol=1e-5, atol=1e-6)
+            got = exe.run(inputs=inputs, banks=banks, chunks=chunks)[out]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     doc, out = _scatter_program(False)
     free = runtime.compile(doc, backend="reference").free_axes
     assert free.free == () and "each slice would add it again" in free.tied["B"]
