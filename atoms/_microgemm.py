@@ -36,7 +36,7 @@ DOT_MAX_N, DOT_MIN_K = 64, 256
 # bcast packs its right operand before the tiles (in parallel) unless it is a resident bank,
 # packed once. The choice depends on shapes only, so that resident banks and banks passed per
 # run give bitwise the same results (thresholds: docs/performance.md, tuning log).
-BCAST_MAX_K, BCAST_MIN_N, BCAST_MIN_ROWS = 64, 256, 32
+BCAST_MAX_K, BCAST_MIN_N = 64, 256
 BCAST_WIDE_MIN_ROWS = 256  # x·Aᵀ-like shapes (the dot region) on bcast from this many rows
 DOT_MR, DOT_NR = 4, 2  # 8 accumulators + 2 + 1 registers of 16
 BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
@@ -47,7 +47,12 @@ BLOCKED_MR, BLOCKED_NV = (4, 4) if simd.WIDE_BYTES == 64 else (6, 2)
 BLOCKED_KC = 256
 # below these, BLAS is as fast or faster: packing costs about what the register tile saves
 # (docs/performance.md: bench/tools/gemm_forms.py)
-BLOCKED_MIN_ROWS, BLOCKED_MIN_N, BLOCKED_MIN_K = 12, 256, 128
+BLOCKED_MIN_N, BLOCKED_MIN_K = 256, 128
+# bcast and blocked from 5 rows on (fewer call gemv per row, _gemm.GEMV_ROWS), not from 32 and
+# 12: OpenBLAS's gemm on Haswell or Zen computes an element in an order that depends on the
+# call's rows, so a run's slices (chunks, dask blocks) differed from it by 1 ulp; a micro-kernel
+# computes each row as in any tile
+BCAST_MIN_ROWS = BLOCKED_MIN_ROWS = 5
 BLOCKED_MIN_TM = 48  # rows per tile at least: each panel slice is reused by TM / MR strips
 BLOCKED_MIN_SPLIT = 24  # ... and at least this many when a call is split for more tiles
 REMAINDER_MR = 4  # after bcast's full blocks, one block of 4 rows (8 accumulators: full rate)

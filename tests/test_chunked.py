@@ -95,14 +95,62 @@ def test_slices_on_the_blocked_gemm_give_the_whole_run_bit_for_bit(chunks):
     assert np.array_equal(got[y], want)
 
 
-def test_a_leading_free_axis_is_written_in_place_into_out():
+@pytest.mark.parametrize("chunks", [4, 1])
+def test_a_leading_free_axis_is_written_in_place_into_out(chunks):
+    """18 rows: the seed's second product takes its micro-kernel (bcast) from 5 rows on; on
+    BLAS, slices of 2 rows (gemv) and, on Haswell or Zen, of 6 rows (gemm) differed by 1 ulp."""
     inputs, banks = seed_values(9, 2)  # B is the longest free axis: contiguous slices
     exe = runtime.compile(seed(), backend="cpu")
     expected = exe.run(inputs=inputs, banks=banks)["%4"].copy()
     out = np.full((9, 2, 1024), np.nan, np.float32)
-    got = exe.run(inputs=inputs, banks=banks, out={"%4": out}, chunks=4)
+    got = exe.run(inputs=inputs, banks=banks, out={"%4": out}, chunks=chunks)
     assert got.plan.chunking.symbol == "B" and got["%4"] is out
     assert np.array_equal(out, expected)
+
+
+AVX2_SCRIPT = """
+import numpy as np, runtime
+from atoms import _microgemm as micro
+from tests.test_chunked import seed, seed_values
+assert micro.BLOCKED_MR == 6  # (AVX2's register tile: the emulation took)
+exe = runtime.compile(seed(), backend="cpu")
+for (b, s), sizes in {(9, 2): (1, 3, 4), (2, 40): (1, 8, 13)}.items():
+    inputs, banks = seed_values(b, s)
+    want = exe.run(inputs=inputs, banks=banks)["%4"].copy()
+    for chunks in sizes:
+        got = exe.run(inputs=inputs, banks=banks, chunks=chunks)["%4"]
+        assert np.array_equal(got, want), (b, s, chunks, int((got != want).sum()))
+print("equal")
+"""
+
+
+def avx2_features() -> str:
+    """This host's CPU features with AVX-512 and later extensions turned off (an AVX2 CPU)."""
+    import llvmlite.binding as ll
+
+    later = ("avx512", "avxvnni", "avxifma", "avxneconvert", "avx10", "amx", "evex512")
+    return ",".join(("+" if on and not name.startswith(later) else "-") + name
+                    for name, on in sorted(ll.get_host_cpu_features().items()))
+
+
+@pytest.mark.slow
+def test_chunks_equal_the_whole_run_on_an_avx2_cpu(tmp_path):
+    """An AVX2 CPU (an EPYC: Numba's target and OpenBLAS's kernels both emulated, an empty
+    cache) computes the seed's slices as its whole run, bit for bit (issue 36: 1 ulp in 1,036
+    elements there before the micro-kernels served every run of 5 rows or more)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(NUMBA_CPU_NAME="znver3", NUMBA_CPU_FEATURES=avx2_features(), OPENBLAS_CORETYPE="Zen",
+               FORMULA_CACHE_DIR=str(cache), FORMULA_TIERED="0", PYTHONPATH=str(root))
+    done = subprocess.run([sys.executable, "-c", AVX2_SCRIPT], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0 and done.stdout.split() == ["equal"], done.stderr[-3000:]
 
 
 def test_results_are_fresh_per_run_and_inputs_untouched():

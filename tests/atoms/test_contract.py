@@ -478,11 +478,13 @@ def test_micro_forms_chosen_for_the_seed_shapes():
     assert micro.choose_form(1, 8192, 24, 1024, "float64") == "bcast"  # (of 8 in float64)
     assert micro.choose_form(1, 8192, 1024, 32) == "bcast"  # h · Bᵀ
     assert micro.choose_form(1, 256, 1024, 32) == "bcast"
-    assert micro.choose_form(1, 16, 1024, 32) is None  # packing B would cost about what it saves
+    # from 5 rows on, whatever the rows (a chunked run's slices compute as the whole run)
+    assert micro.choose_form(1, 16, 1024, 32) == micro.choose_form(1, 5, 1024, 32) == "bcast"
+    assert micro.choose_form(1, 4, 1024, 32) is None  # (plan_tiles: gemv row by row)
     assert micro.choose_form(1, 512, 512, 512) == "blocked"  # the rest: the blocked GEMM
     assert micro.choose_form(1, 128, 2048, 512) == "blocked"  # (a block's MLP at 128 tokens)
     assert micro.choose_form(1, 512, 128, 512) is None  # narrow: BLAS as fast
-    assert micro.choose_form(1, 8, 512, 512) is None  # too few rows to pay for the packing
+    assert micro.choose_form(1, 8, 512, 512) == micro.choose_form(1, 5, 512, 512) == "blocked"
     assert micro.usable("dot", 0, 1) and not micro.usable("dot", 1, 1) and micro.usable("bcast", 1, 0)
     assert micro.usable("blocked", 1, 0) and micro.usable("blocked", 0, 1)
 
