@@ -14,15 +14,16 @@ once per item size (elements move as uint8/16/32/64), on first use.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import numpy as np
 from numba import njit, prange
 
+from runtime.core import settings
+
 # Below this many elements a copy runs on one thread (waking the other costs more than it
 # saves); above it, ROW_TASKS_PER_THREAD tasks per thread.
-PARALLEL_MIN_ELEMENTS = int(os.environ.get("FORMULA_COPY_PARALLEL_MIN", 1 << 16))
+PARALLEL_MIN_ELEMENTS = settings.COPY_PARALLEL_MIN.read()  # FORMULA_COPY_PARALLEL_MIN
 ROW_TASKS_PER_THREAD = 4
 
 

@@ -16,7 +16,6 @@ thread); the epilogue then reads the tile while it is hot.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 
 import attrs
@@ -28,6 +27,7 @@ from runtime.execution.bindings import value_is_finite
 from runtime.plugins import kernel as calls
 from runtime.plugins.kernel import CompiledCall
 from runtime.kernels.codegen import configure_numba_cache, load_generated
+from runtime.core import settings
 from runtime.core.errors import FormulaError
 from runtime.plan.fusion import EMPTY_EPILOGUE, Epilogue
 from runtime.plugins.kernel import Counts, Kernel, KernelRequest
@@ -39,21 +39,21 @@ from ._blas import blas_operand, c_contiguous_layout, flat_operand, register_bla
 
 # Row tiles: the GEMM result of one tile ([tm, n], acc dtype) stays cache-resident while the
 # epilogue reads it (docs/performance.md, tuning log).
-SCRATCH_BYTES = int(os.environ.get("FORMULA_CONTRACT_SCRATCH", 256 * 1024))
+SCRATCH_BYTES = settings.CONTRACT_SCRATCH.read()
 # Below this many multiply-adds a call runs on one thread (a parallel region costs ~10 µs+).
-PARALLEL_MIN_MACS = int(os.environ.get("FORMULA_CONTRACT_PARALLEL_MIN", 1 << 21))
+PARALLEL_MIN_MACS = settings.CONTRACT_PARALLEL_MIN.read()
 # Workers take tiles dynamically, but more BLAS tiles per thread only shrink the tiles: each
 # BLAS call packs the whole right operand again. Blocked tiles share one packed right operand:
 # two per thread let a worker on a busy core take fewer (noisy neighbour; more cost speed on
 # an idle machine: docs/performance.md, tuning log).
 TILES_PER_THREAD = 1
-BLOCKED_TILES_PER_THREAD = int(os.environ.get("FORMULA_CONTRACT_BLOCKED_TILES", 2))
+BLOCKED_TILES_PER_THREAD = settings.CONTRACT_BLOCKED_TILES.read()
 SCAN_TILE_BYTES = 512 * 1024  # a left-operand tile scanned for finiteness: half of L2
 # Every BLAS call packs the whole right operand: over a right operand larger than cache, row
 # tiles as small as the scratch above would re-pack it every few rows, so there tiles get at
 # least PACK_ROWS rows, their result up to WIDE_SCRATCH_BYTES per worker (0 rows: off;
 # docs/performance.md, tuning log).
-PACK_ROWS = int(os.environ.get("FORMULA_CONTRACT_PACK_ROWS", 512))
+PACK_ROWS = settings.CONTRACT_PACK_ROWS.read()
 PACKED_RIGHT_BYTES = 1 << 20
 WIDE_SCRATCH_BYTES = 16 << 20
 GEMV_ROWS = 4  # tiles of at most this many rows call gemv per row (no packing of B)

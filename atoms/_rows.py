@@ -8,17 +8,17 @@ kernel serves every rank, and rows are independent units of parallel work.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 
 import attrs
 import numpy as np
 from numba import njit
 
+from runtime.core import settings
 from runtime.core.types import TensorType
 
 # Below this many elements a row kernel runs serially (a parallel launch costs more).
-PARALLEL_MIN_ELEMENTS = int(os.environ.get("FORMULA_ROWS_PARALLEL_MIN", 1 << 16))
+PARALLEL_MIN_ELEMENTS = settings.ROWS_PARALLEL_MIN.read()  # FORMULA_ROWS_PARALLEL_MIN
 
 
 @attrs.frozen

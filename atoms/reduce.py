@@ -7,7 +7,6 @@ result is deterministic and the backends agree up to the rounding of the same ad
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 
 import attrs
@@ -17,6 +16,7 @@ from numba import njit, prange
 from runtime.plugins.atomspec import AtomSpec, InferContext, Linear, Node, every_axis
 from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, Counts, Kernel, KernelRequest, const_array, const_int,
                                     flat_input, node_kernel, plain_kernel)
+from runtime.core import settings
 from runtime.core.errors import fail
 from runtime.kernels.codegen import warm_twins
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
@@ -95,7 +95,7 @@ SIDE_BY_SIDE_ROWS = 8  # inner == 1: 8 rows' sums interleaved, 8 addition chains
 INNER_BLOCK = 1024  # inner > 1: accumulators per tile (fewer when tiles are too few for the
 #                     threads); rows of K added to them in order, vectorised
 MIN_INNER_BLOCK = 256
-PARALLEL_MIN_WORK = int(os.environ.get("FORMULA_REDUCE_PARALLEL_MIN", 1 << 18))  # elements read
+PARALLEL_MIN_WORK = settings.REDUCE_PARALLEL_MIN.read()  # elements read
 TASKS_PER_THREAD = 4
 
 

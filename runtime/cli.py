@@ -38,6 +38,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from runtime.core import settings
 from runtime.core.errors import FormulaError, fail
 
 
@@ -66,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        if os.environ.get("FORMULA_DEBUG"):
+        if settings.DEBUG.read():
             raise
         print(f"internal error: {type(exc).__name__}: {exc} (set FORMULA_DEBUG=1 for a traceback)",
               file=sys.stderr)

@@ -3,12 +3,12 @@ pytest plugin (entry point ``pytest11``): fixtures that register a plugin for on
 a backend-equivalence assertion against the ``reference`` oracle."""
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pytest
 
+from runtime.core import settings
 from runtime.plugins import registry as _registry
 from runtime.build import DEFAULT_LIMITS, ProgramBuilder  # noqa: F401 (moved; importable from here too)
 from runtime.core.types import TensorType, numpy_dtype
@@ -19,7 +19,7 @@ def real_cuda() -> bool:
     ``bench/gpu_check.sh`` sets) rather than on Numba's simulator. The simulator interprets
     every thread in Python, so simulated cases stay tiny; a device gets more and larger ones
     (several blocks, partial tiles, grid-stride loops)."""
-    return os.environ.get("FORMULA_REAL_CUDA") == "1"
+    return settings.REAL_CUDA.read()
 
 
 @pytest.fixture

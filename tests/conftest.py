@@ -3,7 +3,9 @@ it happens here, first: CI has no GPU, and every CUDA test runs on the simulator
 FORMULA_REAL_CUDA=1 asks for the real device (bench/gpu_check.sh does)."""
 import os
 
-if os.environ.get("FORMULA_REAL_CUDA") != "1":
+from runtime.core import settings  # imports no numba
+
+if not settings.REAL_CUDA.read():
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 # Runs compile their kernels before they return (no reference tier meanwhile): tests compare

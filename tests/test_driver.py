@@ -2,7 +2,6 @@
 code can call is one compiled call (a segment), the others launch from Python between them;
 used when the bindings have the layout the drivers were built for, otherwise (and for traces)
 every kernel launches from Python. Drivers build in the background from a plan's eighth run."""
-import os
 from pathlib import Path
 
 import attrs
@@ -11,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import runtime
+from runtime.core import settings as runtime_settings  # (hypothesis owns `settings` here)
 from runtime.execution.driver import _all_of
 from runtime.execution.executor import DRIVER_AFTER_RUNS
 from runtime.testing import ProgramBuilder, assert_backends_agree, random_values
@@ -351,7 +351,7 @@ def segment_programs(draw):
     return b.build(outputs=outputs)
 
 
-@settings(max_examples=int(os.environ.get("FORMULA_DRIVER_EXAMPLES", 8)), deadline=None,
+@settings(max_examples=runtime_settings.DRIVER_EXAMPLES.read(), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(segment_programs(), st.integers(0, 2 ** 16))
 def test_random_programs_through_the_drivers_equal_their_python_launches(program, seed):

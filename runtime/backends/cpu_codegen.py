@@ -13,7 +13,6 @@ parallel one is only built when a call is large enough to use it.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,16 +21,17 @@ from runtime.kernels import vmath
 from runtime.kernels.atomic import WORKERS
 from runtime.kernels.codegen import configure_numba_cache, load_generated
 from runtime.kernels.layout import keepdims_is_reshape
+from runtime.core import settings
 from runtime.core.errors import FormulaError
 from runtime.plugins.kernel import CompiledCall, Counts, Kernel, KernelRequest, Param, const_int, flat_extra, flat_output
 from runtime.core.types import TensorType
 
 # Below this many elements of work a call runs on one thread: a parallel region costs more
-# than it saves (docs/performance.md, tuning log). FORMULA_CPU_PARALLEL_MIN overrides it.
-PARALLEL_MIN_ELEMENTS = int(os.environ.get("FORMULA_CPU_PARALLEL_MIN", 1 << 16))
+# than it saves (docs/tuning.md: FORMULA_CPU_PARALLEL_MIN overrides it).
+PARALLEL_MIN_ELEMENTS = settings.CPU_PARALLEL_MIN.read()
 TASKS_PER_THREAD = 4
 MIN_BLOCK = 2048  # inner-axis elements per parallel task when the inner axis is split
-DYNAMIC_CHUNKS = int(os.environ.get("FORMULA_CPU_DYNAMIC_CHUNKS", 16))  # chunks per parallel call
+DYNAMIC_CHUNKS = settings.CPU_DYNAMIC_CHUNKS.read()  # chunks per parallel call
 
 NUMBA_TYPES = {"float32": "float32", "float64": "float64", "int64": "int64", "boolean": "boolean"}
 

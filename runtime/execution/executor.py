@@ -9,7 +9,6 @@ a later run writes: they are the caller's ``out=`` arrays, or arrays of the plan
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -30,6 +29,7 @@ from runtime.kernels.arrays import is_device_array
 from runtime.execution.bindings import Binder, BoundValues, bind_values, load_resident, value_is_finite
 from runtime.kernels.codegen import heal_numba_cache, mark_ready, ready_marker
 from runtime.execution.driver import Driver, build_driver
+from runtime.core import settings
 from runtime.core.errors import FormulaError, did_you_mean, fail
 from runtime.plan.memory import memory_limit as runtime_memory_limit, no_memory_error
 from runtime.plan.halves import widen_halves
@@ -209,7 +209,7 @@ def tiered_default(backend: str, tiered: bool | None) -> bool:
         return False
     if tiered is not None:
         return bool(tiered)
-    return backend == "cpu" and os.environ.get("FORMULA_TIERED", "1").strip().lower() not in ("0", "false", "no", "off")
+    return backend == "cpu" and settings.TIERED.read()  # per call: tests set the environment
 
 
 class Executable:

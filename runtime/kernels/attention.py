@@ -25,7 +25,6 @@ and a worker on a busy core takes fewer) is built on first need or by
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 
@@ -33,6 +32,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
+from runtime.core import settings
 from runtime.kernels import simd, vmath
 from runtime.kernels.atomic import WORKERS
 from runtime.kernels.layout import span_view
@@ -41,7 +41,7 @@ from runtime.kernels.codegen import configure_numba_cache, load_generated
 # Below this many multiply-adds (rows × visible keys × head dim, as if unmasked) a call runs
 # on one thread: a parallel region costs more than it saves. FORMULA_ATTENTION_PARALLEL_MIN
 # overrides it.
-PARALLEL_MIN_MACS = int(os.environ.get("FORMULA_ATTENTION_PARALLEL_MIN", 1 << 21))
+PARALLEL_MIN_MACS = settings.ATTENTION_PARALLEL_MIN.read()
 BLOCK_ROWS = 32  # query rows per task: keys packed in cache are reused by this many rows
 TILE_ROWS = 4  # rows of a register tile
 

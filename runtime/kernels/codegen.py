@@ -24,6 +24,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from runtime.core import settings
+
 log = logging.getLogger("runtime.cache")
 _lock = threading.RLock()
 _modules: dict[str, object] = {}
@@ -33,9 +35,9 @@ _healing = False
 
 def configured_cache_dir() -> Path:
     """``FORMULA_CACHE_DIR``, else the user cache dir (e.g. ~/.cache/formula-runtime)."""
-    env = os.environ.get("FORMULA_CACHE_DIR")
-    if env:
-        return Path(env)
+    chosen = settings.CACHE_DIR.read()
+    if chosen is not None:
+        return chosen
     try:
         import platformdirs
 
@@ -213,7 +215,7 @@ def cache_info() -> dict:
     return {"location": str(root), "exists": root.is_dir(), "bytes": size, "files": len(files),
             "generated_files": len(generated), "numba_files": len(entries),
             "numba_cache_dir": str(numba_dir), "numba_cache_is_ours": numba_dir == root / "numba",
-            "variable": "FORMULA_CACHE_DIR"}
+            "variable": settings.CACHE_DIR.name}
 
 
 def clear_cache() -> int:

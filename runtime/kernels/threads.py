@@ -27,10 +27,11 @@ from numba import get_num_threads, get_thread_id, njit, prange, threading_layer,
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from runtime.core import settings
+
 log = logging.getLogger(__name__)
 
-ENV = "FORMULA_PIN_THREADS"
-_CHOICES = ("0", "1")
+ENV = settings.PIN_THREADS.name
 # Runs of a thread before it pins its team: by then the team exists and the helper below
 # loads from the cache in milliseconds (a one-shot run never waits for it).
 PIN_AFTER_RUNS = 3
@@ -55,11 +56,7 @@ def _team_tids(out):
 
 def setting() -> str:
     """``FORMULA_PIN_THREADS``, checked (an unknown value pins nothing, with a warning)."""
-    value = os.environ.get(ENV, "0").strip() or "0"
-    if value not in _CHOICES:
-        log.warning("%s=%r is not one of %s: threads are not pinned", ENV, value, ", ".join(_CHOICES))
-        return "0"
-    return value
+    return "1" if settings.PIN_THREADS.read() else "0"
 
 
 def on_run() -> None:

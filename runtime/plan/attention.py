@@ -21,13 +21,13 @@ that made a NaN, which needs the unfused nodes).
 """
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Sequence
 
 import attrs
 import numpy as np
 
+from runtime.core import settings
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 from runtime.kernels.layout import c_strides, keepdims_order
 from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
@@ -73,7 +73,7 @@ def find(nodes: Sequence[Node], outputs: Sequence[str], backend: str) -> list[tu
     """Each match: (the nodes it replaces in program order, the fused node). Only for a
     backend the fused node has a kernel for, and unless FORMULA_FUSED_ATTENTION=0 (the
     unfused plan, for comparisons)."""
-    if backend not in ATTENTION.kernels or os.environ.get("FORMULA_FUSED_ATTENTION", "1") == "0":
+    if backend not in ATTENTION.kernels or not settings.FUSED_ATTENTION.read():
         return []
     readers = Counter(s for n in nodes for s in n.input_slots)
     producer = {n.output_slot: n for n in nodes}

@@ -11,14 +11,12 @@ from __future__ import annotations
 import functools
 import math
 import os
-import re
 from typing import Any, Callable, TypeVar
 
+from runtime.core import settings
 from runtime.core.errors import fail
 
-ENV = "FORMULA_MEMORY_LIMIT"
-_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_AMOUNT = re.compile(r"^\s*([0-9]+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+ENV = settings.MEMORY_LIMIT.name
 _UNBOUNDED = 1 << 62  # a machine that cannot say what it has: the program's limits alone
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -41,19 +39,18 @@ def available_memory() -> int:
 
 
 def parse_amount(text: str, path: str) -> int:
-    m = _AMOUNT.match(text)
-    if not m or int(m.group(1)) < 1:
-        fail("schema", path, f"memory limit {text!r} is not a positive number of bytes "
-                             "(e.g. 4000000000, 512M, 16G)")
-    return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
+    try:
+        return settings.byte_amount(text)
+    except ValueError:
+        fail("schema", path, f"memory limit {text!r} is not {settings.BYTES_EXPECTED}")
 
 
 def memory_limit(value: Any = None) -> int:
     """The ceiling for an executable: ``value`` (int bytes or a string like ``"8G"``), else
     ``FORMULA_MEMORY_LIMIT``, else the machine's available memory."""
     if value is None:
-        raw = os.environ.get(ENV)
-        return available_memory() if raw is None or not raw.strip() else parse_amount(raw, f"$env.{ENV}")
+        limit = settings.MEMORY_LIMIT.read()  # per call: the environment when the executable is made
+        return available_memory() if limit is None else limit
     if isinstance(value, str):
         return parse_amount(value, "$.memory_limit")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import json
-import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,12 +20,13 @@ import pluggy
 from runtime.plugins import failures, hookspecs
 from runtime.plugins.atomspec import AtomSpec
 from runtime.plugins.expressions import probe
+from runtime.core import settings
 from runtime.core.errors import FormulaError, did_you_mean, fail
 from runtime.core.refs import is_ref
 from runtime.core.types import DTYPE_CLASSES, dtype_class_members
 
 BUILTIN_PLUGINS = ("atoms", "runtime.backends", "runtime.execution.banks")
-DISABLE_AUTOLOAD_ENV = "FORMULA_DISABLE_PLUGIN_AUTOLOAD"
+DISABLE_AUTOLOAD_ENV = settings.DISABLE_PLUGIN_AUTOLOAD.name
 
 
 @attrs.frozen
@@ -68,7 +68,7 @@ class Registry:
             module = importlib.import_module(module_name)
             self.register(module, PluginInfo(module_name, "formula-runtime", _own_version()))
         if autoload is None:
-            autoload = not os.environ.get(DISABLE_AUTOLOAD_ENV)
+            autoload = not settings.DISABLE_PLUGIN_AUTOLOAD.read()
         if autoload:
             self._load_entry_points()
 

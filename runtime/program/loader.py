@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from runtime.core import settings
 from runtime.core.errors import FormulaError, fail, json_kind as _kind
 from runtime.program.model import (BANK_FIELDS, INPUT_FIELDS, INSTRUCTION_FIELDS, LIMIT_FIELDS, PROGRAM_FIELDS, SLOT_FIELDS, TENSOR_TYPE_FIELDS, BankBinding, InputBinding, Instruction, Limits, Program, Slot)
 from runtime.core.refs import parse_ref
@@ -28,7 +29,7 @@ FINGERPRINT_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 #: The default cap on program text (bytes); ``FORMULA_MAX_PROGRAM_BYTES`` overrides it.
-DEFAULT_MAX_PROGRAM_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_PROGRAM_BYTES = settings.MAX_PROGRAM_BYTES.default
 
 
 def max_program_bytes(override: int | None = None) -> int:
@@ -37,16 +38,7 @@ def max_program_bytes(override: int | None = None) -> int:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
             fail("schema", "$.max_bytes", f"max_bytes must be a positive int, got {override!r}")
         return override
-    raw = os.environ.get("FORMULA_MAX_PROGRAM_BYTES")
-    if raw is None:
-        return DEFAULT_MAX_PROGRAM_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        fail("schema", "$", f"FORMULA_MAX_PROGRAM_BYTES must be a positive integer, got {raw!r}")
-    return value
+    return settings.MAX_PROGRAM_BYTES.read()  # a malformed value: schema at "$", naming it
 
 
 def read_source(src: Any, max_bytes: int | None = None) -> Any:

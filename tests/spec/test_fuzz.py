@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import io
 import json
-import os
 import random
 import time
 from typing import Any
@@ -22,6 +21,7 @@ from hypothesis import strategies as st
 
 import runtime
 from runtime.kernels import compilelog
+from runtime.core import settings as fuzz_settings  # (hypothesis owns `settings` here)
 from runtime.core.errors import CODES
 
 from .atom_cases import VALID
@@ -30,7 +30,7 @@ from .test_valid_programs import seed_values
 
 # FORMULA_FUZZ_EXAMPLES scales the hypothesis tests; FORMULA_FUZZ_CASES / FORMULA_FUZZ_SECONDS
 # the bounded loop (CI: 3000 cases, at most 45 s; long mode e.g. 100000 cases, 3600 s).
-EXAMPLES = int(os.environ.get("FORMULA_FUZZ_EXAMPLES", "120"))
+EXAMPLES = fuzz_settings.FUZZ_EXAMPLES.read()
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -283,8 +283,8 @@ def test_fuzz_helpers_see_every_leaf():
 
 
 # --- the bounded mutation loop: programs, program text, inputs and bank files -------------
-CASES = int(os.environ.get("FORMULA_FUZZ_CASES", "3000"))
-BUDGET_S = float(os.environ.get("FORMULA_FUZZ_SECONDS", "45"))
+CASES = fuzz_settings.FUZZ_CASES.read()
+BUDGET_S = fuzz_settings.FUZZ_SECONDS.read()
 CASE_LIMIT_S = 5.0  # no single case may take longer (a hang or data-sized work on a hostile case)
 
 
@@ -351,7 +351,7 @@ def _bank_file(tmp_path, banks: dict, c: _Seeded, case: int):
 def test_bounded_mutation_loop(tmp_path):
     """CASES cases (at most BUDGET_S seconds) cycling over four targets; each ends in success
     or a §6 FormulaError within CASE_LIMIT_S, and never modifies the caller's values."""
-    rng = random.Random(int(os.environ.get("FORMULA_FUZZ_SEED", "17")))
+    rng = random.Random(fuzz_settings.FUZZ_SEED.read())
     c = _Seeded(rng)
     exes = {b: _exe(b) for b in ("reference", "cpu")}
     for exe in exes.values():  # compiled before the clock starts (a cold cache takes seconds)

@@ -2,5 +2,7 @@
 runs the cuda tests on a real device instead."""
 import os
 
-if os.environ.get("FORMULA_REAL_CUDA") != "1":
+from runtime.core import settings  # imports no numba
+
+if not settings.REAL_CUDA.read():
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
