@@ -178,3 +178,16 @@ def test_attributes_nested_too_deeply_or_not_copyable_are_schema_errors(seed_dic
             runtime.load_program(bad)
         assert err.value.code == "schema" and err.value.path == "$.instructions[0].attributes"
         assert words in err.value.message
+
+
+def test_mangled_json_text_stays_a_json_error_and_a_mistyped_name_is_unreadable():
+    """A str that is neither JSON nor an existing file is a missing path only when it reads as
+    one; text with JSON's brackets or several lines is reported as the JSON it fails to be."""
+    import runtime
+
+    with pytest.raises(runtime.FormulaError) as err:
+        runtime.load_program(':{"schema_ref": "arti/formula-program@2"}')
+    assert err.value.code == "schema"
+    with pytest.raises(runtime.FormulaError) as err:
+        runtime.load_program("nope.program.json")
+    assert err.value.code == "program_unreadable"

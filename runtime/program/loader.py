@@ -71,11 +71,17 @@ def read_source(src: Any, max_bytes: int | None = None) -> Any:
         if not src.lstrip().startswith(("{", "[")):
             try:
                 return _parse_json(src, "program text")
-            except FormulaError:  # neither JSON text nor an existing path: a path that is missing
-                read_file_capped(Path(src), cap)
+            except FormulaError:  # neither JSON text nor an existing path: a missing path, if
+                if _looks_like_path(src):  # it reads as one (mangled JSON stays a JSON error)
+                    read_file_capped(Path(src), cap)
                 raise
         return _parse_json(src, "program text")
     fail("schema", "$", f"expected a program as a path, JSON text, bytes or dict, got {type(src).__name__}")
+
+
+def _looks_like_path(text: str) -> bool:
+    """One line, no JSON brackets, within PATH_MAX: what a mistyped file name looks like."""
+    return len(text) < 4096 and not any(c in text for c in "\n{}[]")
 
 
 def _exists(text: str) -> bool:
