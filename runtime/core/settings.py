@@ -264,7 +264,7 @@ DISABLE_PLUGIN_AUTOLOAD = declare(Setting(
     "Plugins load by default; this isolates a run from installed plugins.", shown="unset"))
 REAL_CUDA = declare(Setting(
     "FORMULA_REAL_CUDA", False, choice(("1",), ("0", "")), "0 or 1", "tests", "call",
-    "runtime/testing.py (real_cuda), tests/conftest.py, plugins/formula-norms/tests/conftest.py",
+    "runtime/testing.py (real_cuda: plugins' tests call it), tests/conftest.py",
     "`1`: the tests run CUDA kernels on the device instead of Numba's simulator, with more and "
     "larger cases.",
     "CI has no GPU; `bench/gpu_check.sh` sets it on a GPU machine.", shown="0 (simulator)"))

@@ -2,7 +2,7 @@
 runs the cuda tests on a real device instead."""
 import os
 
-from runtime.core import settings  # imports no numba
+from runtime.testing import real_cuda  # imports no numba
 
-if not settings.REAL_CUDA.read():
+if not real_cuda():
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
