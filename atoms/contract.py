@@ -14,6 +14,7 @@ import numpy as np
 from runtime.plugins.atomspec import AtomSpec, InferContext, Linear, Node
 from runtime.plugins.kernel import Kernel, KernelRequest, node_kernel
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
+from runtime.kernels.tiers import first_tier
 
 from . import _gemm, _gemm_cuda
 from ._refs import refs_for
@@ -117,18 +118,22 @@ def _ref(node: Node):
     einsum_ok = len(labels) <= 52
     low = _gemm.lower(lt, rt, pairs)
     nb, m, n, k = low.dims
+    natural = low.batch + low.m_axes + low.n_axes
+    in_place = tuple(node.output_type.axes) == natural  # the output is the product's [nb, m, n]
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
-        left = np.asarray(inputs[0]).astype(acc)
-        right = np.asarray(inputs[1]).astype(acc)
-        if einsum_ok:
+        left = np.asarray(inputs[0]).astype(acc, copy=False)
+        right = np.asarray(inputs[1]).astype(acc, copy=False)
+        if einsum_ok and not (nb == 1 and first_tier()):
             value = np.einsum(left, sub_l, right, sub_r, sub_o)
-        else:  # einsum has 52 labels; the same sum as a batched matmul
-            c = np.matmul(_gemm.as_batched(left, low.left_order, (nb, m, k)),
-                          _gemm.as_batched(right, low.right_order, (nb, k, n)))
-            natural = low.batch + low.m_axes + low.n_axes
-            c = c.reshape([low.extents[a] for a in natural])
-            value = c.transpose([natural.index(a) for a in node.output_type.axes])
+        else:  # einsum has 52 labels; the same sum as a matmul (BLAS: the first tier's, unbatched)
+            a = _gemm.as_batched(left, low.left_order, (nb, m, k))
+            b = _gemm.as_batched(right, low.right_order, (nb, k, n))
+            if in_place and out.dtype == acc and out.flags.c_contiguous:
+                np.matmul(a, b, out=out.reshape(nb, m, n))  # (no temporary as large as the output)
+                return
+            c = np.matmul(a, b).reshape([low.extents[x] for x in natural])
+            value = c.transpose([natural.index(x) for x in node.output_type.axes])
         out[...] = value
     return run
 

@@ -271,8 +271,17 @@ def _ref_scale(node: Node):
         value, factor = inputs
         f = align_to(np.asarray(factor), ft, vt)
         with np.errstate(all="ignore"):
-            out[...] = np.multiply(np.asarray(value).astype(acc), f.astype(acc))
+            _into(np.multiply, np.asarray(value).astype(acc, copy=False), f.astype(acc, copy=False), out)
     return run
+
+
+def _into(ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``out[...] = ufunc(a, b)``, written straight into ``out`` when it has the operands'
+    dtype (the same values, without a temporary as large as the output)."""
+    if out.dtype == a.dtype == b.dtype:
+        ufunc(a, b, out=out)
+    else:
+        out[...] = ufunc(a, b)
 
 
 def _ref_add(node: Node):
@@ -280,7 +289,8 @@ def _ref_add(node: Node):
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         with np.errstate(all="ignore"):  # overflow (in the cast back too) gives inf, as NumPy
-            out[...] = np.add(np.asarray(inputs[0]).astype(acc), np.asarray(inputs[1]).astype(acc))
+            _into(np.add, np.asarray(inputs[0]).astype(acc, copy=False),
+                  np.asarray(inputs[1]).astype(acc, copy=False), out)
     return run
 
 

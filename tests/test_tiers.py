@@ -132,6 +132,43 @@ def test_tiered_runs_on_reference_then_switches_with_equal_results(gated):
     assert exe.run(inputs=inputs, banks=banks).tier == "cpu"  # the untraced path too
 
 
+def test_the_tier_takes_blas_for_contractions_and_reference_stays_the_oracle(gated, monkeypatch):
+    """The tier's runs take the reference kernels' faster paths (an unbatched contraction
+    through BLAS, ``np.matmul``); ``backend="reference"`` keeps ``np.einsum`` (the oracle)."""
+    from atoms import contract
+
+    asked = []
+    real = contract.first_tier
+    monkeypatch.setattr(contract, "first_tier", lambda: asked.append(real()) or asked[-1])
+    inputs, banks = _seed(16)
+    first = runtime.compile(SEED, "cpu", tiered=True).run(inputs=inputs, banks=banks)
+    assert first.tier == "reference" and asked == [True, True]  # the seed's two products
+    _close(first, inputs, banks)
+    asked.clear()
+    _close(runtime.compile(SEED, "reference").run(inputs=inputs, banks=banks), inputs, banks)
+    assert asked == [False, False]
+
+
+def test_a_first_tier_contraction_is_blas_and_the_oracle_einsum():
+    from atoms.contract import SPECS
+    from runtime.core.types import TensorType
+    from runtime.kernels.tiers import running_first_tier
+    from runtime.testing import run_kernel
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 37, 1024), dtype=np.float32)
+    a = rng.standard_normal((24, 1024), dtype=np.float32)
+    types = [TensorType(("B", "S", "D"), (2, 37, 1024), "float32", "d"),
+             TensorType(("R", "D"), (24, 1024), "float32", "d")]
+    attributes = {"reduce_axes": [["D", "D"]], "output_axes": ["B", "S", "R"], "accumulation_dtype": "float32"}
+    einsum = np.einsum("bsd,rd->bsr", x, a)
+    blas = np.matmul(x.reshape(1, 74, 1024), a.T[None]).reshape(2, 37, 24)
+    assert not np.array_equal(einsum, blas)  # (else this test could not tell them apart)
+    assert np.array_equal(run_kernel(SPECS[0], attributes, types, [x, a]), einsum)
+    with running_first_tier():
+        assert np.array_equal(run_kernel(SPECS[0], attributes, types, [x, a]), blas)
+
+
 def test_a_new_extent_of_a_compiled_plan_runs_compiled_at_once(gated):
     """Kernels do not depend on the extents of symbolic axes: once one plan of these dtypes is
     compiled, a plan for new extents is built at once (nothing to compile), not tiered."""

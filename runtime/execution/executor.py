@@ -20,6 +20,7 @@ import numpy as np
 
 from runtime.execution import background
 from runtime.kernels import compilelog
+from runtime.kernels.tiers import running_first_tier
 from runtime.plugins import failures
 from runtime.plugins.atomspec import Node
 from runtime.plugins.expressions import numba_typing
@@ -1038,7 +1039,8 @@ class _Tiers:
                     self._fallback = Executable(exe.program, "reference", exe.registry, exe.memory_limit,
                                                 tiered=False)
         try:
-            return self._fallback.run(inputs=inputs, banks=banks, trace=trace, out=out)
+            with running_first_tier():  # (reference kernels' faster paths: BLAS contractions)
+                return self._fallback.run(inputs=inputs, banks=banks, trace=trace, out=out)
         finally:
             self._start_pending()
 
