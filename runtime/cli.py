@@ -40,6 +40,7 @@ import numpy as np
 
 from runtime.core import settings
 from runtime.core.errors import FormulaError, fail
+from runtime.execution.values import random_values, read_arrays
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -704,103 +705,6 @@ def _preflight(exe, dims: dict[str, int]) -> None:
         plan = exe.plan({s: dims[s] for s in symbols}, enforce=False)  # per-tensor limits enforced
         check_working(plan.working_bytes, exe.program.limits, exe.memory_limit,
                       "the run's working set (bindings, arena peak and outputs)")
-
-
-def read_arrays(location: str, path: str, limits=None, memory_limit: int | None = None) -> dict[str, np.ndarray]:
-    """Arrays by name from an ``.npz`` (no pickles) or ``.safetensors`` file; with ``limits``,
-    every array's header is measured against them before any data is read."""
-    file = Path(location)
-    suffix = file.suffix.lower()
-    if suffix not in (".npz", ".safetensors"):
-        fail("schema", path, f"{location!r}: expected an .npz or .safetensors file of arrays by name")
-    try:
-        if limits is not None:
-            _check_headers(file, suffix, path, limits, memory_limit)
-        if suffix == ".npz":
-            with np.load(file, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files if k != "__metadata__"}
-        from safetensors.numpy import load_file
-
-        return load_file(str(file))
-    except FormulaError:
-        raise
-    except Exception as exc:  # OSError, zip/pickle ValueError, safetensors' own errors
-        fail("schema", path, f"cannot read arrays from {location!r}: {type(exc).__name__}: {exc}")
-
-
-def _check_headers(file: Path, suffix: str, path: str, limits, memory_limit: int | None) -> None:
-    from runtime.execution.banks import SAFETENSORS_DTYPES, npy_header
-    from runtime.plan.memory import check_shape, check_working
-    from runtime.core.types import ITEMSIZE
-
-    if suffix == ".npz":
-        with np.load(file, allow_pickle=False) as z:
-            heads = {k: npy_header(file, k) for k in z.files if k != "__metadata__"}
-        sizes = {k: (shape, dtype.itemsize) for k, (shape, dtype) in heads.items()}
-    else:
-        from safetensors import safe_open
-
-        with safe_open(str(file), framework="numpy") as f:
-            slices = {k: f.get_slice(k) for k in f.keys()}
-            sizes = {k: (tuple(sl.get_shape()), ITEMSIZE.get(SAFETENSORS_DTYPES.get(sl.get_dtype()), 8))
-                     for k, sl in slices.items()}
-    total = sum(check_shape(f"array {k!r} of {str(file)!r}", (f"dim{i}" for i in range(len(shape))), shape,
-                            itemsize, limits, f"{path}.{k}") for k, (shape, itemsize) in sizes.items())
-    check_working(total, limits, memory_limit, f"the arrays of {str(file)!r}")
-
-
-def random_values(program, dims: dict[str, int], seed: int = 0, int_high: int = 1,
-                  bindings=None, memory_limit: int | None = None,
-                  whole_working: bool = True) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Random values of the declared types (float32 for 'floating'), bundles included; every
-    size limit (the program's and the runtime ``memory_limit``) is checked before any is made
-    (``whole_working=False``, for a chunked run: all of them together may pass max_working_bytes)."""
-    from runtime.core.types import numpy_dtype
-
-    if int_high < 1:
-        fail("schema", "$.random", f"--int-high must be ≥ 1, got {int_high}")
-    bindings = program.bindings if bindings is None else bindings
-    needed = sorted({s for b in bindings for s in b.value_type.sizes if isinstance(s, str)} - set(dims))
-    if needed:
-        fail("binding_shape", "$.dims",
-             f"no extent for symbols {needed}: pass --dim {needed[0]}=… for each")
-    _check_random_sizes(program, dims, bindings, memory_limit, whole_working)
-    rng = np.random.default_rng(seed)
-    inputs: dict[str, np.ndarray] = {}
-    banks: dict[str, np.ndarray] = {}
-    for b in bindings:
-        t = b.value_type
-        shape = tuple(dims[s] if isinstance(s, str) else s for s in t.sizes)
-        dtype = "float32" if t.dtype == "floating" else t.dtype
-        if dtype == "boolean":
-            value = rng.random(shape) < 0.5
-        elif dtype == "int64":
-            value = rng.integers(0, int_high, size=shape, dtype=np.int64)
-        else:
-            value = rng.standard_normal(shape).astype(numpy_dtype(dtype))
-        (inputs if b.kind == "input" else banks)[b.name] = value
-    return inputs, banks
-
-
-def _check_random_sizes(program, dims: dict[str, int], bindings, memory_limit: int | None,
-                        whole_working: bool = True) -> None:
-    """The values ``random_values`` would make, measured against the limits from their
-    shapes alone (a huge ``--dim`` is refused, never allocated)."""
-    from runtime.plan.memory import check_shape, check_working
-    from runtime.core.types import ITEMSIZE
-
-    lim = program.limits
-    for symbol, extent in dims.items():
-        if isinstance(extent, bool) or not isinstance(extent, int) or extent < 1:
-            fail("binding_shape", f"$.dims.{symbol}", f"extent of {symbol} must be a positive integer, got {extent!r}")
-    total = 0
-    for b in bindings:
-        t = b.value_type
-        shape = [dims[s] if isinstance(s, str) else s for s in t.sizes]
-        total += check_shape(f"random {b.name!r}", t.axes, shape, ITEMSIZE["float32" if t.dtype == "floating" else t.dtype],
-                             lim, f"$.{'inputs' if b.kind == 'input' else 'banks'}.{b.name}")
-    if whole_working:
-        check_working(total, lim, memory_limit, "the random values")
 
 
 if __name__ == "__main__":  # pragma: no cover

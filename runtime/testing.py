@@ -51,7 +51,7 @@ def random_values(program, dims: Mapping[str, int] | None = None, seed: int = 0,
                   int_high: int = 1):
     """Random inputs and banks of the declared types (``formula run --random``'s generator)."""
     from runtime.api import load_program
-    from runtime.cli import random_values as generate
+    from runtime.execution.values import random_values as generate
 
     return generate(load_program(program), dict(dims or {}), seed=seed, int_high=int_high)
 

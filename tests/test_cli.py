@@ -10,7 +10,8 @@ from safetensors.numpy import save_file
 
 from runtime import FormulaError
 from runtime.program import loader
-from runtime.cli import main, random_values, read_arrays, summary
+from runtime.cli import main, summary
+from runtime.execution.values import random_values, read_arrays
 from runtime.testing import ProgramBuilder
 
 SEED = str(Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json")
