@@ -264,9 +264,10 @@ _SIGMOID = "((1.0 if {0} >= 0.0 else " + _E + ") / (1.0 + " + _E + "))"
 _ONE_MINUS_SIGMOID = "((" + _E + " if {0} >= 0.0 else 1.0) / (1.0 + " + _E + "))"
 _INV_SQRT = "(1.0 / math.sqrt({0}))"
 VJP_EXPRS = {
-    # Φ(x) + x·φ(x): erfc keeps Φ accurate in the negative tail; x·φ(x) is 0 beyond |x| = 40
-    # (where x·x would only make inf·0 of an infinite x)
-    "gelu": "({1} * (0.5 * math.erfc(-0.7071067811865476 * {0}) + "
+    # Φ(x) + x·φ(x), Φ as ½(1 + erf) as torch's gelu backward: erf and exp vectorise on cpu
+    # (vmath; erfc would keep the whole loop scalar); x·φ(x) is 0 beyond |x| = 40 (where x·x
+    # would only make inf·0 of an infinite x)
+    "gelu": "({1} * (0.5 * (1.0 + math.erf(0.7071067811865476 * {0})) + "
             "(({0} * 0.3989422804014327 * math.exp(-0.5 * {0} * {0})) if abs({0}) < 40.0 else 0.0)))",
     # relu′(0) = abs′(0) = 0: a select (ȳ = ±inf still gives 0 there); x - x keeps a NaN x NaN
     "relu": "({1} if {0} > 0.0 else ({0} - {0}))",
