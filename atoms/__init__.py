@@ -11,7 +11,7 @@ import attrs
 
 from runtime.plugins.hookspecs import hookimpl
 
-FAMILIES = ("contract", "elementwise", "reduce", "softmax", "layout", "indexing", "window", "segment",
+FAMILIES = ("contract", "elementwise", "reduce", "reduce2", "softmax", "layout", "indexing", "window", "segment",
             "position", "observe", "gradient")
 
 

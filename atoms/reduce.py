@@ -1,4 +1,4 @@
-"""The reduce atom (SPEC §3): sum over one axis, which is removed.
+"""The reduce atom (SPEC §3): sum over one axis, which is removed (reduce@2: atoms/reduce2.py).
 
 The order of summation is part of the contract: every backend accumulates sequentially in
 index order, starting from element 0 (not pairwise, not in parallel along the axis), so the
@@ -9,18 +9,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import attrs
 import numpy as np
 from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Linear, Node, every_axis
-from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, Counts, Kernel, KernelRequest, const_array, const_int,
-                                    flat_input, node_kernel, plain_kernel)
+from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, Counts, Kernel, KernelRequest, const_int, flat_input,
+                                    node_kernel, plain_kernel)
 from runtime.core import settings
 from runtime.core.errors import fail
-from runtime.kernels.codegen import warm_twins
+from runtime.kernels.twins import Twins
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
-from runtime.kernels.vmath import vexp
 
 from ._refs import refs_for
 
@@ -66,7 +64,7 @@ def _check_device(node: Node, backend: str) -> None:
              f"reduce has no {backend} kernel for {dtype}; use backend='reference'")
 
 
-def _layout(node: Node) -> tuple[int, int, bool]:
+def cuda_layout(node: Node) -> tuple[int, int, bool]:
     """(axis position, rank of the kernel's value, whether a leading unit axis is added so a
     rank-1 value still has a non-empty index space)."""
     t = node.input_types[0]
@@ -99,6 +97,16 @@ PARALLEL_MIN_WORK = settings.REDUCE_PARALLEL_MIN.read()  # elements read
 TASKS_PER_THREAD = 4
 
 
+# the kernels' Numba options (the reduce@2 kernels take the same)
+JIT_OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
+
+
+def parallel_at(work: int) -> bool:
+    """Whether a call reading ``work`` elements runs on the parallel twin (reduce and reduce@2)."""
+    return work >= PARALLEL_MIN_WORK
+
+
+@njit(**JIT_OPTIONS)
 def _sum_task(x, out, outer, k, inner, block, t, ntask):
     """Task ``t`` of ``ntask`` (about equal shares) of ``out[o, i] = x[o, 0, i] + x[o, 1, i] + ...``
     in index order, for flat C-order ``x`` ``[outer, k, inner]`` and ``out`` ``[outer, inner]``
@@ -153,60 +161,29 @@ def _sum_task(x, out, outer, k, inner, block, t, ntask):
                     out[ob + i] += x[xr + i]
 
 
-def _sum_serial(x, out, outer, k, inner, block, ntask):
+@njit(**JIT_OPTIONS)
+def sum_serial(x, out, outer, k, inner, block, ntask):
     for t in range(ntask):
-        _sum_task_jit(x, out, outer, k, inner, block, t, ntask)
+        _sum_task(x, out, outer, k, inner, block, t, ntask)
 
 
-def _sum_parallel(x, out, outer, k, inner, block, ntask):
+@njit(parallel=True, **JIT_OPTIONS)
+def sum_parallel(x, out, outer, k, inner, block, ntask):
     for w in prange(ntask):
-        _sum_task_jit(x, out, outer, k, inner, block, np.int64(w), ntask)  # (a prange index may be unsigned)
+        _sum_task(x, out, outer, k, inner, block, np.int64(w), ntask)  # (a prange index may be unsigned)
 
 
-_sum_task_jit = None  # _sum_task compiled: a global the two wrappers resolve when compiled
-_jitted: dict[str, object] = {}
+SUM = Twins(sum_serial, sum_parallel)
 
 
-def _compile_variants(cache: dict[str, object], task, serial, parallel, task_global: str,
-                      fastmath=False) -> dict[str, object]:
-    """The task and its serial and parallel drivers, compiled once (per dtype on first use,
-    cached on disk); ``task_global`` names the module global the drivers call the task by. The
-    drivers are distinct functions: Numba's disk cache tells functions apart by name and line,
-    not by their ``parallel`` flag, so one function compiled both ways would load one variant's
-    machine code for the other."""
-    if not cache:
-        from numba import njit
-
-        from runtime.kernels.codegen import configure_numba_cache
-
-        configure_numba_cache()
-        options = dict(cache=True, nogil=True, error_model="numpy")
-        globals()[task_global] = njit(fastmath=fastmath, **options)(task)
-        cache["serial"] = njit(**options)(serial)
-        cache["parallel"] = njit(parallel=True, **options)(parallel)
-        for variant, fn in (("serial", serial), ("parallel", parallel)):  # (compiled code imports them)
-            globals()[f"{fn.__name__}_jit"] = cache[variant]
-    return cache
-
-
-def _cpu_kernels() -> tuple[object, object]:
-    """The serial and parallel sum drivers."""
-    variants = _compile_variants(_jitted, _sum_task, _sum_serial, _sum_parallel, "_sum_task_jit")
-    return variants["serial"], variants["parallel"]
-
-
-def _cpu_kernel(parallel: bool):
-    return _cpu_kernels()[parallel]
-
-
-def _split(node: Node) -> tuple[int, int, int]:
+def split_axis(node: Node) -> tuple[int, int, int]:
     """The value as ``[outer, K, inner]`` around the reduced axis K."""
     shape = node.input_types[0].shape
     position = node.input_types[0].axes.index(node.attributes["axis"])
     return math.prod(shape[:position]), shape[position], math.prod(shape[position + 1:])
 
 
-def _cpu(request: KernelRequest) -> Kernel:
+def cpu_sum(request: KernelRequest) -> Kernel:
     """Asked to count the value (``count_inputs == (0,)``), the kernel returns 1 when it holds
     a NaN or ±inf, found through the sums: every element is a term of one of them, and a NaN
     or ±inf term makes its sum NaN or ±inf (an overflowing sum of finite values also counts;
@@ -219,9 +196,9 @@ def _cpu(request: KernelRequest) -> Kernel:
 
     _check_device(node, "cpu")
     cg.numba_type(node.input_types[0].dtype, node.path, "reduce")
-    outer, k, inner = _split(node)
-    parallel = outer * k * inner >= PARALLEL_MIN_WORK
-    kernel = _cpu_kernel(parallel)
+    outer, k, inner = split_axis(node)
+    parallel = parallel_at(outer * k * inner)
+    kernel = SUM.pick(parallel)
     block, ntask = INNER_BLOCK, 1
     if parallel:
         import numba
@@ -244,14 +221,14 @@ def _cpu(request: KernelRequest) -> Kernel:
         return scan(flat, 0, size) if scan is not None else 0
     compiled = None if counts.any else CompiledCall(
         kernel, (flat_input(0), FLAT_OUTPUT, *map(const_int, (outer, k, inner, block, ntask))))
-    return plain_kernel(run, counts, warm=lambda: warm_twins(*_cpu_kernels()), compiled=compiled)
+    return plain_kernel(run, counts, warm=SUM.warm, compiled=compiled)
 
 
 def _cuda(node: Node):
     from runtime.backends import cuda_codegen as cg
 
     _check_device(node, "cuda")
-    position, rank, lead = _layout(node)
+    position, rank, lead = cuda_layout(node)
     space = [k for k in range(rank) if k != position]
     body = _body(position, len(space), lambda k: k)
     source = cg.render(f"reduce sum axis {position} of rank {rank}", ["v", "out"],
@@ -281,284 +258,7 @@ SPECS = [
     AtomSpec(name="reduce", refs=refs_for("reduce"), inputs=("value",),
              dtypes={"value": "numeric"},
              attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce,
-             kernels={"reference": node_kernel(_reference), "cpu": _cpu, "cuda": node_kernel(_cuda)},
+             kernels={"reference": node_kernel(_reference), "cpu": cpu_sum, "cuda": node_kernel(_cuda)},
              free_axes=every_axis, linear=linear_reduce,
              summary="sum over one axis in index order (deterministic); the axis is removed"),
 ]
-
-
-# --- reduce@2 (SPEC §3b): sum, mean, amax, logsumexp in c(acc, d), rounded once ---------------
-
-MODES_V2 = ("sum", "mean", "amax", "logsumexp")
-FLOAT_KERNEL_DTYPES = ("float32", "float64")  # half operands arrive widened (SPEC §3b.1)
-
-
-def infer_reduce2(ctx: InferContext) -> TensorType:
-    axis = ctx.axis_of("axis", 0)
-    ctx.attr_str("mode", MODES_V2)
-    ctx.accumulation()
-    ctx.require_dtype(0, "floating")
-    t = ctx.operands[0]
-    keep = [k for k, a in enumerate(t.axes) if a != axis]
-    return ctx.output([t.axes[k] for k in keep], [t.sizes[k] for k in keep])
-
-
-def compute_dtype(dtype: str) -> np.dtype:
-    """The dtype reduce@2 computes in: float64 for float64, float32 otherwise. For half
-    operands under ``activation`` this is also arti's (torch sums and exps half in float32)."""
-    return np.dtype(np.float64 if dtype == "float64" else np.float32)
-
-
-def reduce2_numpy(x: np.ndarray, position: int, mode: str) -> np.ndarray:
-    """The oracle: ``mode`` over axis ``position`` of ``x`` (already in the compute dtype)."""
-    with np.errstate(all="ignore"):
-        if mode == "sum":
-            return x.sum(axis=position)
-        if mode == "mean":
-            return x.sum(axis=position) / x.dtype.type(x.shape[position])
-        m = x.max(axis=position)
-        if mode == "amax":
-            return m
-        shift = np.where(np.isinf(m), x.dtype.type(0), m)  # ±inf maxima: shift by 0 (SPEC)
-        s = np.exp(x - np.expand_dims(shift, position)).sum(axis=position)
-        return shift + np.log(s)
-
-
-def _reference2(node: Node):
-    t = node.input_types[0]
-    position = t.axes.index(node.attributes["axis"])
-    mode = node.attributes["mode"]
-    c = compute_dtype(t.dtype)
-
-    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
-        with np.errstate(over="ignore"):  # rounding to a half dtype may overflow to inf
-            out[...] = reduce2_numpy(np.asarray(inputs[0]).astype(c), position, mode)
-    return run
-
-
-def _check_device2(node: Node, backend: str) -> None:
-    dtype = node.input_types[0].dtype
-    if dtype not in FLOAT_KERNEL_DTYPES:
-        fail("backend_unavailable", node.path,
-             f"reduce@2 has no {backend} kernel for {dtype} operands; use backend='reference'")
-
-
-# amax over contiguous rows: LANES running maxima, updated lane-wise (a vector select), then
-# combined; columns (inner > 1): runs of at most EXTREME_CHUNK of them updated row by row
-EXTREME_LANES = 16
-EXTREME_CHUNK = 256
-
-
-@njit(inline="always")
-def _nan_max(m, v):
-    """``v`` when it is larger than ``m`` or NaN: a NaN, once taken, stays (as ``np.max``)."""
-    return v if (v > m or v != v) else m
-
-
-def _extreme_task(x, out, outer, k, inner, logsumexp, t, ntask):
-    """Task ``t`` of ``ntask``: amax (or, with ``logsumexp``, m + log Σ exp(x − m)) of each
-    column of flat C-order ``x`` ``[outer, k, inner]`` into ``out`` ``[outer, inner]``. A ±inf
-    maximum is already the logsumexp (SPEC's shift by 0 gives the same), NaN stays NaN (every
-    update takes :func:`_nan_max`'s choice).
-    Unsigned indices: no negative-index wraparound in the loops, which then vectorise."""
-    ncol = outer * inner
-    uk, lanes = np.uint64(k), np.uint64(EXTREME_LANES)
-    c0, c1 = np.uint64(t * ncol // ntask), np.uint64((t + 1) * ncol // ntask)
-    if inner == 1:
-        acc = np.empty(EXTREME_LANES, x.dtype)
-        for col in range(c0, c1):
-            base = col * uk
-            m = x[base]
-            j = np.uint64(1)
-            if k >= 2 * EXTREME_LANES:
-                for i in range(lanes):
-                    acc[i] = x[base + i]
-                j = lanes
-                while j + lanes <= uk:
-                    xb = base + j
-                    for i in range(lanes):  # (_nan_max spelled out: through it, this loop ran slower)
-                        v, a = x[xb + i], acc[i]
-                        acc[i] = v if (v > a or v != v) else a
-                    j += lanes
-                m = acc[0]
-                for i in range(np.uint64(1), lanes):
-                    m = _nan_max(m, acc[i])
-            for i in range(j, uk):
-                m = _nan_max(m, x[base + i])
-            if logsumexp and math.isfinite(m):
-                s = m - m  # 0 in the compute dtype
-                for i in range(uk):
-                    s += vexp(x[base + i] - m)
-                m = m + math.log(s)
-            out[col] = m
-        return
-    uin = np.uint64(inner)
-    sums = np.empty(EXTREME_CHUNK, x.dtype)
-    c = c0
-    while c < c1:
-        o = c // uin
-        i0 = c - o * uin
-        n = min(c1 - c, uin - i0, np.uint64(EXTREME_CHUNK))
-        xb = o * uk * uin + i0
-        for i in range(n):
-            out[c + i] = x[xb + i]
-        for j in range(np.uint64(1), uk):
-            xr = xb + j * uin
-            for i in range(n):  # (_nan_max spelled out, as above)
-                v, a = x[xr + i], out[c + i]
-                out[c + i] = v if (v > a or v != v) else a
-        if logsumexp:
-            for i in range(n):
-                sums[i] = 0
-            for j in range(uk):
-                xr = xb + j * uin
-                for i in range(n):
-                    m = out[c + i]
-                    shift = m if math.isfinite(m) else m - m  # (a non-finite maximum is kept below)
-                    sums[i] += vexp(x[xr + i] - shift)
-            for i in range(n):
-                m = out[c + i]
-                if math.isfinite(m):
-                    out[c + i] = m + math.log(sums[i])
-        c += n
-
-
-def _extreme_serial(x, out, outer, k, inner, logsumexp, ntask):
-    for t in range(ntask):
-        _extreme_task_jit(x, out, outer, k, inner, logsumexp, t, ntask)
-
-
-def _extreme_parallel(x, out, outer, k, inner, logsumexp, ntask):
-    for w in prange(ntask):
-        _extreme_task_jit(x, out, outer, k, inner, logsumexp, np.int64(w), ntask)
-
-
-_extreme_task_jit = None
-_jitted2: dict[str, object] = {}
-
-
-def _extreme_kernel(parallel: bool):
-    # reassociation lets the exponential sums vectorise (reduce@2 fixes no summation order)
-    variants = _compile_variants(_jitted2, _extreme_task, _extreme_serial, _extreme_parallel,
-                                 "_extreme_task_jit", fastmath={"reassoc"})
-    return variants["parallel" if parallel else "serial"]
-
-
-def _mean_serial(x, out, outer, k, inner, block, ntask, divisor):
-    _sum_serial_jit(x, out, outer, k, inner, block, ntask)
-    for i in range(out.size):
-        out[i] = out[i] / divisor[0]  # (in out's dtype, as NumPy divides)
-
-
-def _mean_parallel(x, out, outer, k, inner, block, ntask, divisor):
-    _sum_parallel_jit(x, out, outer, k, inner, block, ntask)
-    for i in range(out.size):
-        out[i] = out[i] / divisor[0]
-
-
-_sum_serial_jit = _sum_parallel_jit = None  # set by _compile_variants
-_jitted_mean: dict[str, object] = {}
-
-
-def _mean_kernel(parallel: bool):
-    """reduce@1's sum kernel, then each sum divided by the count."""
-    if not _jitted_mean:
-        from numba import njit
-
-        _cpu_kernels()  # (the sum kernels the mean calls)
-        options = dict(cache=True, nogil=True, error_model="numpy")
-        globals()["_mean_serial_jit"] = _jitted_mean["serial"] = njit(**options)(_mean_serial)
-        globals()["_mean_parallel_jit"] = _jitted_mean["parallel"] = njit(**options)(_mean_parallel)
-    return _jitted_mean["parallel" if parallel else "serial"]
-
-
-def _cpu2(request: KernelRequest) -> Kernel:
-    """sum and mean run reduce@1's parallel sum kernel (any order is allowed here, and index
-    order is one), mean then divides; amax and logsumexp run a kernel of column tasks."""
-    from runtime.backends import cpu_codegen as cg
-
-    node = request.node
-    _check_device2(node, "cpu")
-    mode = node.attributes["mode"]
-    outer, k, inner = _split(node)
-    if mode in ("sum", "mean"):
-        node1 = attrs.evolve(node, attributes={"axis": node.attributes["axis"], "mode": "sum",
-                                               "accumulation_dtype": "activation"})
-        summed = _cpu(KernelRequest(node1))
-        if mode == "sum":
-            return summed
-        # the sum kernel's own arguments, then the count in the output's dtype
-        sum_args = summed.compiled.params[2:]
-        kernel = _mean_kernel(summed.compiled.kernel is _cpu_kernel(True))
-        divisor = np.array([k], compute_dtype(node.output_type.dtype))  # (half values run widened)
-
-        def run_mean(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
-            kernel(cg.contiguous(inputs[0]).reshape(-1), out.reshape(-1), *(p.value for p in sum_args), divisor)
-        compiled = CompiledCall(kernel, (flat_input(0), FLAT_OUTPUT, *sum_args, const_array(divisor)))
-        return plain_kernel(run_mean, compiled=compiled,
-                            warm=lambda: warm_twins(_mean_kernel(False), _mean_kernel(True)))
-    parallel = outer * k * inner >= PARALLEL_MIN_WORK
-    kernel = _extreme_kernel(parallel)
-    ntask = 1
-    if parallel:
-        import numba
-
-        ntask = max(1, min(outer * inner, numba.get_num_threads() * TASKS_PER_THREAD))
-    logsumexp = int(mode == "logsumexp")
-
-    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
-        x = cg.contiguous(inputs[0])
-        kernel(x.reshape(-1), out.reshape(-1), outer, k, inner, logsumexp, ntask)
-    compiled = CompiledCall(kernel, (flat_input(0), FLAT_OUTPUT, *map(const_int, (outer, k, inner, logsumexp, ntask))))
-    return plain_kernel(run, compiled=compiled,
-                        warm=lambda: warm_twins(_extreme_kernel(False), _extreme_kernel(True)))
-
-
-def _body2(position: int, space_rank: int, mode: str) -> list[str]:
-    names = [f"i{k}" for k in range(space_rank)]
-
-    def at(k: str) -> str:
-        return ", ".join(names[:position] + [k] + names[position:])
-    n = f"v.shape[{position}]"
-    if mode in ("sum", "mean"):
-        lines = [f"s = v[{at('0')}]", f"for k in range(1, {n}):", f"    s += v[{at('k')}]"]
-        result = "s / " + n if mode == "mean" else "s"
-    else:
-        lines = [f"m = v[{at('0')}]", f"for k in range(1, {n}):", f"    x = v[{at('k')}]",
-                 "    if x > m or x != x:", "        m = x"]
-        result = "m"
-        if mode == "logsumexp":
-            lines += ["if math.isfinite(m):", "    s = m - m",
-                      f"    for k in range({n}):", f"        s += math.exp(v[{at('k')}] - m)",
-                      "    m = m + math.log(s)"]
-    return lines + [f"out[{', '.join(names)}] = {result}"]
-
-
-def _cuda2(node: Node):
-    from runtime.backends import cuda_codegen as cg
-
-    _check_device2(node, "cuda")
-    position, rank, lead = _layout(node)
-    space = [k for k in range(rank) if k != position]
-    mode = node.attributes["mode"]
-    source = cg.render(f"reduce@2 {mode} axis {position} of rank {rank}", ["v", "out"],
-                       [f"v.shape[{k}]" for k in space], _body2(position, len(space), mode))
-    kernel = cg.SpaceKernel("cureduce2", source)
-    shape = node.input_types[0].shape
-    n = max(1, node.output_type.elements)
-
-    def run(inputs, out) -> None:
-        v = inputs[0]
-        if lead:
-            v, out = v.reshape((1,) + shape), out.reshape((1,))
-        kernel([v, out], n)
-    return run
-
-
-SPECS.append(
-    AtomSpec(name="reduce@2", refs=refs_for("reduce", 2), inputs=("value",),
-             dtypes={"value": "floating"},
-             attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce2,
-             kernels={"reference": node_kernel(_reference2), "cpu": _cpu2, "cuda": node_kernel(_cuda2)},
-             free_axes=every_axis, linear=linear_reduce,
-             summary="sum, mean, amax or logsumexp (stable) over one axis; the axis is removed"))

@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 
 from runtime.core import settings
+from runtime.kernels.twins import warm_twins  # noqa: F401 (its old home: callers import it from here)
 
 log = logging.getLogger("runtime.cache")
 _lock = threading.RLock()
@@ -272,14 +273,3 @@ def _stale(path: Path, source: str) -> bool:
         return path.read_text(encoding="utf-8") != source
     except (OSError, ValueError):
         return True
-
-
-def warm_twins(*dispatchers) -> None:
-    """Build (compile, or load from the disk cache) in each of ``dispatchers`` every
-    signature any of them has been called with: the serial and parallel variants of one
-    kernel take the same arguments, and an extent that crosses from one to the other must
-    then compile nothing (``Kernel.warm``)."""
-    signatures = {sig for d in dispatchers for sig in d.signatures}
-    for d in dispatchers:
-        for sig in signatures.difference(d.signatures):
-            d.compile(sig)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from atoms.position import SPECS as POSITION
-from atoms.reduce import SPECS as REDUCE
+from atoms.reduce2 import SPECS as REDUCE
 from runtime.plugins.atomspec import InferContext
 from runtime.core.errors import FormulaError
 from runtime.testing import run_kernel
