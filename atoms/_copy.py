@@ -7,24 +7,30 @@ lookup, scatter). A call is cut into tasks of consecutive rows; a task finds its
 offsets by division once and then steps from row to row like an odometer (the kernel
 before it divided by every axis's extent for every row). A unit-stride row is one ``memcpy``.
 
-Each comes as a serial and a parallel kernel, two distinct functions: Numba's disk cache
-tells functions apart by name and line, not by their ``parallel`` flag, so one function
-compiled both ways would load one variant's machine code for the other. Both are compiled
-once per item size (elements move as uint8/16/32/64), on first use.
+Each comes as serial and parallel twins (``runtime.kernels.twins``), two distinct functions:
+Numba's disk cache tells functions apart by name and line, not by their ``parallel`` flag, so
+one function compiled both ways would load one variant's machine code for the other. Each
+twin has one module-level dispatcher per item size (elements move as uint8/16/32/64),
+compiled on first use for its one signature (:func:`kernel`).
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
 
 from runtime.core import settings
+from runtime.kernels.twins import Twins
 
 # Below this many elements a copy runs on one thread (waking the other costs more than it
 # saves); above it, ROW_TASKS_PER_THREAD tasks per thread.
 PARALLEL_MIN_ELEMENTS = settings.COPY_PARALLEL_MIN.read()  # FORMULA_COPY_PARALLEL_MIN
 ROW_TASKS_PER_THREAD = 4
+
+
+_OPTIONS = dict(cache=True, nogil=True)
 
 
 @njit(inline="always", nogil=True)
@@ -36,6 +42,7 @@ def copy_row(src, s, dst, d, n):
         dst[ud + j] = src[us + j]
 
 
+@njit(**_OPTIONS)
 def _rows(shape) -> int:
     rows = 1
     for k in range(shape.shape[0] - 1):
@@ -43,6 +50,7 @@ def _rows(shape) -> int:
     return rows
 
 
+@njit(**_OPTIONS)
 def _strided_rows(src, soff, sstr, dst, doff, dstr, shape, mask, r0, r1):
     """Rows ``[r0, r1)`` of the strided copy. With a non-zero ``mask`` (a float type's
     exponent bits) it also counts the rows holding a value whose exponent bits are all set:
@@ -92,6 +100,7 @@ def _strided_rows(src, soff, sstr, dst, doff, dstr, shape, mask, r0, r1):
     return bad
 
 
+@njit(**_OPTIONS)
 def _indexed_rows(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape, r0, r1):
     """Rows ``[r0, r1)`` of the index-driven copy; returns how many indices were out of range
     (those elements are skipped). When the index is constant along the row (lookup or gather
@@ -142,75 +151,82 @@ def _indexed_rows(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr,
 
 
 def _strided_serial(src, soff, sstr, dst, doff, dstr, shape, mask, ntask):
-    return _strided_rows_jit(src, soff, sstr, dst, doff, dstr, shape, mask, 0, _rows_jit(shape))
+    return _strided_rows(src, soff, sstr, dst, doff, dstr, shape, mask, 0, _rows(shape))
 
 
 def _strided_parallel(src, soff, sstr, dst, doff, dstr, shape, mask, ntask):
-    rows = _rows_jit(shape)
+    rows = _rows(shape)
     bad = np.zeros(ntask, np.int64)
     for w in prange(ntask):
         t = np.int64(w)  # (a prange index may be unsigned)
-        bad[t] = _strided_rows_jit(src, soff, sstr, dst, doff, dstr, shape, mask,
-                                   t * rows // ntask, (t + 1) * rows // ntask)
+        bad[t] = _strided_rows(src, soff, sstr, dst, doff, dstr, shape, mask,
+                               t * rows // ntask, (t + 1) * rows // ntask)
     return bad.sum()
 
 
 def _indexed_serial(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape, ntask):
-    return _indexed_rows_jit(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape,
-                             0, _rows_jit(shape))
+    return _indexed_rows(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape,
+                         0, _rows(shape))
 
 
 def _indexed_parallel(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape, ntask):
-    rows = _rows_jit(shape)
+    rows = _rows(shape)
     bad = np.zeros(ntask, np.int64)
     for w in prange(ntask):
         t = np.int64(w)
-        bad[t] = _indexed_rows_jit(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape,
-                                   t * rows // ntask, (t + 1) * rows // ntask)
+        bad[t] = _indexed_rows(src, soff, sstr, sax, idx, ioff, istr, bound, dst, doff, dstr, dax, shape,
+                               t * rows // ntask, (t + 1) * rows // ntask)
     return bad.sum()
 
 
-# The row functions compiled: globals the kernels resolve when they are compiled.
-_rows_jit = _strided_rows_jit = _indexed_rows_jit = None
-_KERNELS: dict[tuple[str, int, bool], Callable] = {}
-_BITS = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
+ITEM_SIZES = (1, 2, 4, 8)
 
 
-def _compile(kind: str, itemsize: int, parallel: bool) -> Callable:
-    global _rows_jit, _strided_rows_jit, _indexed_rows_jit
-    from numba import types
+def _per_item_size(fn, parallel: bool) -> tuple:
+    """One lazy dispatcher of ``fn`` per item size in ``ITEM_SIZES`` (compiled by :func:`kernel`)."""
+    return tuple(njit(parallel=parallel, **_OPTIONS)(fn) for _ in ITEM_SIZES)
 
-    from runtime.kernels.codegen import configure_numba_cache
 
-    configure_numba_cache()
-    if _rows_jit is None:
-        options = dict(cache=True, nogil=True)
-        _rows_jit = njit(**options)(_rows)
-        _strided_rows_jit = njit(**options)(_strided_rows)
-        _indexed_rows_jit = njit(**options)(_indexed_rows)
-    bits = getattr(types, _BITS[itemsize])
+# module globals, so that compiled callers import them by name (runtime.execution.driver)
+strided_serial_u8, strided_serial_u16, strided_serial_u32, strided_serial_u64 = \
+    STRIDED_SERIAL = _per_item_size(_strided_serial, False)
+strided_parallel_u8, strided_parallel_u16, strided_parallel_u32, strided_parallel_u64 = \
+    STRIDED_PARALLEL = _per_item_size(_strided_parallel, True)
+indexed_serial_u8, indexed_serial_u16, indexed_serial_u32, indexed_serial_u64 = \
+    INDEXED_SERIAL = _per_item_size(_indexed_serial, False)
+indexed_parallel_u8, indexed_parallel_u16, indexed_parallel_u32, indexed_parallel_u64 = \
+    INDEXED_PARALLEL = _per_item_size(_indexed_parallel, True)
+TWINS = {**{("strided", n): Twins(s, p) for n, s, p in zip(ITEM_SIZES, STRIDED_SERIAL, STRIDED_PARALLEL)},
+         **{("indexed", n): Twins(s, p) for n, s, p in zip(ITEM_SIZES, INDEXED_SERIAL, INDEXED_PARALLEL)}}
+_BITS = {1: types.uint8, 2: types.uint16, 4: types.uint32, 8: types.uint64}
+_ready: set[tuple[str, int, bool]] = set()
+_compiling = threading.Lock()
+
+
+def _signature(kind: str, itemsize: int):
+    bits = _BITS[itemsize]
     i64, n = types.Array(types.int64, 1, "C"), types.int64
     source = types.Array(bits, 1, "C", readonly=True, aligned=False)
     target = types.Array(bits, 1, "C", aligned=False)
     if kind == "strided":
-        sig = types.int64(source, n, i64, target, n, i64, i64, bits, n)
-        py = _strided_parallel if parallel else _strided_serial
-    else:
-        indices = types.Array(types.int64, 1, "C", readonly=True, aligned=False)
-        sig = types.int64(source, n, i64, n, indices, n, i64, n, target, n, i64, n, i64, n)
-        py = _indexed_parallel if parallel else _indexed_serial
-    return njit(sig, cache=True, nogil=True, parallel=parallel)(py)
+        return types.int64(source, n, i64, target, n, i64, i64, bits, n)
+    indices = types.Array(types.int64, 1, "C", readonly=True, aligned=False)
+    return types.int64(source, n, i64, n, indices, n, i64, n, target, n, i64, n, i64, n)
 
 
 def kernel(kind: str, itemsize: int, parallel: bool) -> Callable:
     """The ``"strided"`` or ``"indexed"`` copy for one item size; its last argument is the
     number of tasks (see :func:`tasks`). The strided copy takes an exponent ``mask`` before it
     (:func:`exponent_mask`, or 0) and returns how many of its rows held a NaN or ±inf."""
+    found = TWINS[kind, itemsize].pick(parallel)
     key = (kind, itemsize, parallel)
-    found = _KERNELS.get(key)
-    if found is None:
-        found = _KERNELS[key] = _compile(kind, itemsize, parallel)
-        globals()[f"_{kind}_{_BITS[itemsize]}_{'parallel' if parallel else 'serial'}"] = found  # (compiled code imports it)
+    if key not in _ready:
+        with _compiling:  # (a second thread must not find compilation disabled mid-way)
+            if key not in _ready:
+                found.compile(_signature(kind, itemsize))
+                # its one signature: a call converts its arrays to it (writable or not, aligned or not)
+                found.disable_compile()
+                _ready.add(key)
     return found
 
 
