@@ -53,7 +53,7 @@ QK_VECTORS = PV_VECTORS = 4 if simd.avx512() else 2
 VERSION = 6
 
 
-def _define_max(dtype, suffix: str):
+def _define_max(dtype):
     """``vmax`` (lane-wise maximum, the first operand where they compare unordered) and
     ``hmax`` (the largest lane) on :mod:`runtime.kernels.simd` vectors: a row maximum at
     vector speed, where a scalar maximum is one long dependency chain."""
@@ -79,11 +79,12 @@ def _define_max(dtype, suffix: str):
                                     lambda lo, hi: builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo))
         return dtype(v), codegen
 
-    globals()[f"vmax_{suffix}"], globals()[f"hmax_{suffix}"] = vmax, hmax
+    return vmax, hmax
 
 
-_define_max(types.float32, "f32x8")
-_define_max(types.float64, "f64x4")
+# (module globals: generated kernels import them by these names)
+vmax_f32x8, hmax_f32x8 = _define_max(types.float32)
+vmax_f64x4, hmax_f64x4 = _define_max(types.float64)
 
 
 @njit(cache=True, nogil=True)

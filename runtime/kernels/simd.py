@@ -140,10 +140,12 @@ def _define(dtype, nbytes: int = VECTOR_BYTES):
 
 _F32, LANES_F32 = _define(types.float32)
 _F64, LANES_F64 = _define(types.float64)
-globals().update({f"{op}_f32x8": fn for op, fn in _F32.items()})
-globals().update({f"{op}_f64x4": fn for op, fn in _F64.items()})
-globals().update({f"{op}_f32x16": fn for op, fn in _define(types.float32, 64)[0].items()})
-globals().update({f"{op}_f64x8": fn for op, fn in _define(types.float64, 64)[0].items()})
+_F32_WIDE, _F64_WIDE = _define(types.float32, 64)[0], _define(types.float64, 64)[0]
+# (module globals: generated kernels import them by these names, see ops_import)
+load_f32x8, store_f32x8, bcast_f32x8, zero_f32x8, fma_f32x8, hsum_f32x8 = (_F32[op] for op in OPS)
+load_f64x4, store_f64x4, bcast_f64x4, zero_f64x4, fma_f64x4, hsum_f64x4 = (_F64[op] for op in OPS)
+load_f32x16, store_f32x16, bcast_f32x16, zero_f32x16, fma_f32x16, hsum_f32x16 = (_F32_WIDE[op] for op in OPS)
+load_f64x8, store_f64x8, bcast_f64x8, zero_f64x8, fma_f64x8, hsum_f64x8 = (_F64_WIDE[op] for op in OPS)
 
 
 def lanes(dt: str, wide: bool = False) -> int:
@@ -196,8 +198,8 @@ def _scan(load, zero, fma, hsum, width: int):
     return nonfinite
 
 
-nonfinite_f32 = _scan(load_f32x8, zero_f32x8, fma_f32x8, hsum_f32x8, LANES_F32)  # noqa: F821
-nonfinite_f64 = _scan(load_f64x4, zero_f64x4, fma_f64x4, hsum_f64x4, LANES_F64)  # noqa: F821
+nonfinite_f32 = _scan(load_f32x8, zero_f32x8, fma_f32x8, hsum_f32x8, LANES_F32)
+nonfinite_f64 = _scan(load_f64x4, zero_f64x4, fma_f64x4, hsum_f64x4, LANES_F64)
 
 
 def scan_import(dt: str) -> str:
