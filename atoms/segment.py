@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except
-from runtime.kernels.codegen import warm_twins
+from runtime.kernels.twins import Twins
 from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to
@@ -215,6 +215,9 @@ def segment_parallel(x, ids, mask, out, shape, st, base, vs, js, ms, os, n, coun
         _segment_task(x, ids, mask, out, shape, st, base, vs, js, ms, os, n, count, mode, rows, t, ntask)
 
 
+SEGMENT = Twins(segment_serial, segment_parallel)
+
+
 def cpu_tasks(node: Node) -> tuple[bool, int, int]:
     """(parallel, tasks, rows): rows split into tasks, each with its own scratch."""
     tv = node.input_types[0]
@@ -227,7 +230,7 @@ def cpu_tasks(node: Node) -> tuple[bool, int, int]:
 def _cpu_segment(node: Node):
     dt = float_kernel_dtype(node, "cpu")
     parallel, ntask, rows = cpu_tasks(node)
-    kernel = segment_parallel if parallel else segment_serial
+    kernel = SEGMENT.pick(parallel)
     n = node.input_types[0].size_of(node.attributes["axis"])
     count, mode = node.attributes["num_segments"], MODE_CODE[node.attributes["mode"]]
     prepared: dict[tuple, tuple] = {}
@@ -241,7 +244,7 @@ def _cpu_segment(node: Node):
         r, along = args
         kernel(views[0][0].view(dt), views[1][0].view(np.int64), views[2][0], out.reshape(-1), r.shape,
                r.strides, _i64([views[0][1], views[1][1], views[2][1], 0]), *along, n, count, mode, rows, ntask)
-    run.warm = lambda: warm_twins(segment_serial, segment_parallel)
+    run.warm = SEGMENT.warm
     return run
 
 

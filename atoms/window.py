@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, no_axis
-from runtime.kernels.codegen import warm_twins
+from runtime.kernels.twins import Twins
 from runtime.plugins.kernel import node_kernel
 from runtime.core.errors import fail, json_kind
 from runtime.core.types import NAME_RE, TensorType
@@ -153,6 +153,9 @@ def window_parallel(src, dst, shape, st, base, vs, op, ok, n, p, k, s, d, left, 
         _window_row(src, dst, shape, st, base, vs, op, ok, n, p, k, s, d, left, r)
 
 
+WINDOW = Twins(window_serial, window_parallel)
+
+
 def _geometry(node: Node) -> tuple[int, int, int, int, int, int]:
     a, t = node.attributes, node.input_types[0]
     return (t.size_of(a["axis"]), node.output_type.size_of(a["output_axis"]), a["kernel_size"], a["stride"],
@@ -168,11 +171,11 @@ def _cpu_window(node: Node):
         args = prepared.get(strides)
         if args is None:
             r, along = window_rows(node, strides)
-            kernel = window_parallel if _rows.parallel_rows(r.count, node.output_type.elements) else window_serial
+            kernel = WINDOW.pick(_rows.parallel_rows(r.count, node.output_type.elements))
             args = prepared[strides] = (kernel, r, along)
         kernel, r, (vs, op, ok) = args
         kernel(src, out_bits(out), r.shape, r.strides, _i64([off, 0]), vs, op, ok, *geometry, r.count)
-    run.warm = lambda: warm_twins(window_serial, window_parallel)
+    run.warm = WINDOW.warm
     return run
 
 
