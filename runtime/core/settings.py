@@ -233,6 +233,16 @@ PIN_THREADS = declare(Setting(
     "`python bench/tools/block_settings_ab.py <case> --set FORMULA_PIN_THREADS=0,1 --noisy` and "
     "`FORMULA_PIN_THREADS=0|1 python bench/run.py --suites seed --contenders cpu --coldstart none` "
     "(docs/performance.md).", "0 (not pinned)"))
+COMPILE_NICE = declare(Setting(
+    "FORMULA_COMPILE_NICE", 10, integer, "an integer (0 to 19 used)", "behaviour", "call",
+    "runtime/execution/background.py (compile_nice)",
+    "How many nice steps the background compiles (a tier's plan, a plan's drivers) run below "
+    "the thread that started them (Linux: each thread's own nice value); 0 leaves them at its "
+    "priority.",
+    "10: a compile beside runs that fill the cores takes the time they leave rather than a core of "
+    "theirs; the seed's runs at T=8192 slowed by a median 1.30x during a background compile at 10, "
+    "2.22x at 0 (2 processes each, a shared 2-core machine).",
+    "`python bench/background_compile.py --nice 0,10 --rounds 2` (docs/performance.md).", "10"))
 CACHE_DIR = declare(Setting(
     "FORMULA_CACHE_DIR", None, directory, "a directory path", "behaviour", "call",
     "runtime/kernels/codegen.py (configured_cache_dir)",

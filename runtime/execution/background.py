@@ -13,13 +13,23 @@ exit (an :mod:`atexit` handler, which runs before the interpreter finalizes):
 
 The threads stay daemons so that the interpreter's wait for non-daemon threads, which comes
 before the atexit handlers, does not wait for whole plans to compile.
+
+They also run at a lower priority than the runs they serve (Linux: the thread's own nice
+value, ``FORMULA_COMPILE_NICE`` steps above the caller's, 10 by default, 0 to leave it): on a
+machine whose cores the runs fill, a compile then takes the time they leave instead of a core
+of theirs. Numba's worker threads are started by the caller first, so that no pool is
+created, with the lower priority, by a background thread and shared with the runs.
 """
 from __future__ import annotations
 
 import atexit
+import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from runtime.core import settings
 
 _lock = threading.Lock()
 _live: set[Thread] = set()  # started and not yet finished
@@ -48,6 +58,10 @@ class Thread(threading.Thread):
             if _exiting.is_set():
                 return False
             _install()
+            if compile_nice():
+                import numba
+
+                numba.get_num_threads()  # (starts Numba's worker threads here, if not yet: see the module)
             _live.add(self)
             try:
                 super().start()
@@ -58,6 +72,7 @@ class Thread(threading.Thread):
 
     def run(self) -> None:
         try:
+            _lower_priority(compile_nice())
             super().run()
         finally:
             with _lock:
@@ -67,6 +82,26 @@ class Thread(threading.Thread):
         if self.ident is None:  # (never started: refused at exit, nothing to wait for)
             return
         super().join(timeout)
+
+
+def compile_nice() -> int:
+    """How many nice steps background compiles run below their caller (``FORMULA_COMPILE_NICE``,
+    runtime.core.settings; 0 leaves them at the caller's priority); 0 where a thread's priority
+    cannot be set alone (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    return max(0, min(19, settings.COMPILE_NICE.read()))
+
+
+def _lower_priority(steps: int) -> None:
+    """This thread's nice value ``steps`` above its current one (Linux: per thread)."""
+    if not steps:
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
+    except OSError:  # (a sandbox that refuses it: the compile runs at the caller's priority)
+        pass
 
 
 def _install() -> None:
