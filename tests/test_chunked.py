@@ -110,9 +110,9 @@ def test_a_leading_free_axis_is_written_in_place_into_out(chunks):
 
 AVX2_SCRIPT = """
 import numpy as np, runtime
-from atoms import _microgemm as micro
+from runtime.kernels import simd
 from tests.test_chunked import seed, seed_values
-assert micro.BLOCKED_MR == 6  # (AVX2's register tile: the emulation took)
+assert simd.WIDE_BYTES == 32  # (AVX2's vectors: the emulation took)
 exe = runtime.compile(seed(), backend="cpu")
 for (b, s), sizes in {(9, 2): (1, 3, 4), (2, 40): (1, 8, 13)}.items():
     inputs, banks = seed_values(b, s)
