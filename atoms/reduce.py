@@ -7,7 +7,7 @@ result is deterministic and the backends agree up to the rounding of the same ad
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numba import njit, prange
@@ -64,7 +64,7 @@ def _check_device(node: Node, backend: str) -> None:
              f"reduce has no {backend} kernel for {dtype}; use backend='reference'")
 
 
-def cuda_layout(node: Node) -> tuple[int, int, bool]:
+def _cuda_layout(node: Node) -> tuple[int, int, bool]:
     """(axis position, rank of the kernel's value, whether a leading unit axis is added so a
     rank-1 value still has a non-empty index space)."""
     t = node.input_types[0]
@@ -224,16 +224,16 @@ def cpu_sum(request: KernelRequest) -> Kernel:
     return plain_kernel(run, counts, warm=SUM.warm, compiled=compiled)
 
 
-def _cuda(node: Node):
+def cuda_run(node: Node, name: str, what: str, body: Callable[[int, int], list[str]]):
+    """The CUDA run of a reduction over the node's axis (reduce and reduce@2): a thread per
+    output element runs ``body(axis position, rank of the thread space)``."""
     from runtime.backends import cuda_codegen as cg
 
-    _check_device(node, "cuda")
-    position, rank, lead = cuda_layout(node)
+    position, rank, lead = _cuda_layout(node)
     space = [k for k in range(rank) if k != position]
-    body = _body(position, len(space), lambda k: k)
-    source = cg.render(f"reduce sum axis {position} of rank {rank}", ["v", "out"],
-                       [f"v.shape[{k}]" for k in space], body)
-    kernel = cg.SpaceKernel("cureduce", source)
+    source = cg.render(f"{what} axis {position} of rank {rank}", ["v", "out"],
+                       [f"v.shape[{k}]" for k in space], body(position, len(space)))
+    kernel = cg.SpaceKernel(name, source)
     shape = node.input_types[0].shape
     n = max(1, node.output_type.elements)
 
@@ -243,6 +243,11 @@ def _cuda(node: Node):
             v, out = v.reshape((1,) + shape), out.reshape((1,))
         kernel([v, out], n)
     return run
+
+
+def _cuda(node: Node):
+    _check_device(node, "cuda")
+    return cuda_run(node, "cureduce", "reduce sum", lambda position, rank: _body(position, rank, lambda k: k))
 
 
 def linear_reduce(node: Node) -> Linear | None:

@@ -22,8 +22,8 @@ from runtime.core.types import TensorType
 from runtime.kernels.vmath import vexp
 
 from ._refs import refs_for
-from .reduce import (JIT_OPTIONS, SUM, TASKS_PER_THREAD, cpu_sum, cuda_layout, linear_reduce, parallel_at,
-                     split_axis, sum_parallel, sum_serial)
+from .reduce import (JIT_OPTIONS, SUM, TASKS_PER_THREAD, cpu_sum, cuda_run, linear_reduce, parallel_at, split_axis,
+                     sum_parallel, sum_serial)
 
 MODES_V2 = ("sum", "mean", "amax", "logsumexp")
 FLOAT_KERNEL_DTYPES = ("float32", "float64")  # half operands arrive widened (SPEC §3b.1)
@@ -254,24 +254,9 @@ def _body2(position: int, space_rank: int, mode: str) -> list[str]:
 
 
 def _cuda2(node: Node):
-    from runtime.backends import cuda_codegen as cg
-
     _check_device2(node, "cuda")
-    position, rank, lead = cuda_layout(node)
-    space = [k for k in range(rank) if k != position]
     mode = node.attributes["mode"]
-    source = cg.render(f"reduce@2 {mode} axis {position} of rank {rank}", ["v", "out"],
-                       [f"v.shape[{k}]" for k in space], _body2(position, len(space), mode))
-    kernel = cg.SpaceKernel("cureduce2", source)
-    shape = node.input_types[0].shape
-    n = max(1, node.output_type.elements)
-
-    def run(inputs, out) -> None:
-        v = inputs[0]
-        if lead:
-            v, out = v.reshape((1,) + shape), out.reshape((1,))
-        kernel([v, out], n)
-    return run
+    return cuda_run(node, "cureduce2", f"reduce@2 {mode}", lambda position, rank: _body2(position, rank, mode))
 
 
 SPECS = [
