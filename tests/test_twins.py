@@ -63,3 +63,26 @@ def test_warm_builds_the_parallel_twin(case):
     want = ref.run(inputs=inputs)
     for slot in want:
         np.testing.assert_allclose(got[slot], want[slot], rtol=1e-5, atol=1e-5)
+
+
+def test_twins_pick_and_warm():
+    from atoms.reduce import SUM
+
+    assert SUM.pick(False) is SUM.serial and SUM.pick(True) is SUM.parallel
+    x, out = np.arange(6, dtype=np.float64), np.empty(2)
+    SUM.serial(x, out, 2, 3, 1, 1024, 1)
+    SUM.warm()  # the parallel twin built for the serial one's signature
+    assert set(SUM.serial.signatures) <= set(SUM.parallel.signatures)
+    np.testing.assert_array_equal(out, [3, 12])
+
+
+def test_no_module_writes_its_globals():
+    """Kernels are module-level functions (``runtime.kernels.twins``), never dispatchers or
+    intrinsics written into a module's globals() (runtime/__init__.py's lazy names aside)."""
+    from pathlib import Path
+
+    root = Path(runtime.__file__).parent.parent
+    found = [f"{path.relative_to(root)}:{n}" for folder in ("runtime", "atoms", "plugins")
+             for path in sorted((root / folder).rglob("*.py")) if path != root / "runtime" / "__init__.py"
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if "globals()" in line]
+    assert not found
