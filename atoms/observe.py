@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, every_axis
 from runtime.plugins.kernel import node_kernel
@@ -194,7 +194,10 @@ def _ref_fourier(node: Node):
 # --- cpu ---------------------------------------------------------------------------------
 # Plain njit functions over flat (b, t) tasks, compiled once per dtype. The activity is
 # converted to the value's dtype by storing it into the output (the store rounds like astype).
+_OPTIONS = dict(cache=True, nogil=True, error_model="numpy", parallel=True)
 
+
+@njit(**_OPTIONS)
 def _identity_kernel(x, act, mask, out):
     nb, nt, nn, nd = out.shape
     for bt in prange(nb * nt):
@@ -210,6 +213,7 @@ def _identity_kernel(x, act, mask, out):
                     out[b, t, n, j] = 0
 
 
+@njit(**_OPTIONS)
 def _affine_kernel(x, states, act, mask, weight, bias, scale, out):
     nb, nt, nn, nd = out.shape
     ns = states.shape[2]
@@ -230,6 +234,7 @@ def _affine_kernel(x, states, act, mask, weight, bias, scale, out):
                 out[b, t, n, j] = (x[b, n, j] * gain + shift) * a if mask[b, n] else 0
 
 
+@njit(**_OPTIONS)
 def _fourier_tables(states, polar, eps, h, w, g):
     """g[bt, 0|1, :] = Re|Im g_H(m − dy) for m in (−H, H), then g_W(m − dx) for m in (−W, W)."""
     nb, nt = states.shape[0], states.shape[1]
@@ -259,6 +264,7 @@ def _fourier_tables(states, polar, eps, h, w, g):
                 g[bt, 1, base + m + length - 1] = im / length
 
 
+@njit(**_OPTIONS)
 def _fourier_kernel(x, act, mask, g, h, w, out):
     nb, nt, nn, nd = out.shape
     for q in prange(nb * nt * nn):
@@ -286,23 +292,6 @@ def _fourier_kernel(x, act, mask, g, h, w, out):
             out[b, t, p, j] = out[b, t, p, j] * a
 
 
-_jitted: dict[str, object] = {}
-
-
-def _kernel(name: str):
-    if not _jitted:
-        from numba import njit
-
-        from runtime.kernels.codegen import configure_numba_cache
-
-        configure_numba_cache()
-        options = dict(cache=True, nogil=True, error_model="numpy", parallel=True)
-        for key, fn in (("identity", _identity_kernel), ("affine", _affine_kernel),
-                        ("tables", _fourier_tables), ("fourier", _fourier_kernel)):
-            _jitted[key] = njit(**options)(fn)
-    return _jitted[name]
-
-
 def _check_device(node: Node, backend: str) -> None:
     for k, t in enumerate(node.input_types + (node.output_type,)):
         if t.dtype not in ("float32", "float64") and not (k in (2, 3) and t.dtype == "boolean"):
@@ -312,7 +301,7 @@ def _check_device(node: Node, backend: str) -> None:
 
 def _cpu_identity(node: Node):
     _check_device(node, "cpu")
-    kernel = _kernel("identity")
+    kernel = _identity_kernel
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         value, _, mask, activity = inputs
@@ -322,7 +311,7 @@ def _cpu_identity(node: Node):
 
 def _cpu_affine(node: Node):
     _check_device(node, "cpu")
-    kernel = _kernel("affine")
+    kernel = _affine_kernel
     scale = numpy_dtype(node.input_types[0].dtype).type(node.attributes["scale"])
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
@@ -352,7 +341,7 @@ def _fourier_setup(node: Node):
 def _cpu_fourier(node: Node):
     _check_device(node, "cpu")
     h, w, polar, eps, table_shape, c = _fourier_setup(node)
-    tables, kernel = _kernel("tables"), _kernel("fourier")
+    tables, kernel = _fourier_tables, _fourier_kernel
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         value, states, mask, activity = inputs
@@ -401,7 +390,7 @@ def _cuda_fourier(node: Node):
 
     _check_device(node, "cuda")
     h, w, polar, eps, table_shape, c = _fourier_setup(node)
-    tables = _kernel("tables")
+    tables = _fourier_tables
     size = node.output_type.elements
 
     def run(inputs, out) -> None:
