@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import runtime
-from runtime.kernels import halfconv
+from runtime.kernels import halfconv, halfconv_cpu
 from runtime.plan import halves
 from runtime.testing import ProgramBuilder, assert_backends_agree
 
@@ -38,7 +38,7 @@ def test_every_half_bit_pattern_widens_exactly(name):
     dtype, widen, _ = HALVES[name]
     src = np.arange(1 << 16, dtype=np.uint16).view(dtype)
     got = np.empty(src.shape, np.float32)
-    halfconv.convert_host(src, got, widen)
+    halfconv_cpu.convert_host(src, got, widen)
     np.testing.assert_array_equal(got.view(np.uint32), src.astype(np.float32).view(np.uint32))
 
 
@@ -47,19 +47,19 @@ def test_narrowing_matches_astype_bit_for_bit(name):
     dtype, _, narrow = HALVES[name]
     x = _float32_sweep()
     got = np.empty(x.shape, dtype)
-    halfconv.convert_host(x, got, narrow)  # above PARALLEL_MIN: the parallel kernel
+    halfconv_cpu.convert_host(x, got, narrow)  # above PARALLEL_MIN: the parallel kernel
     with np.errstate(all="ignore"):
         want = x.astype(dtype)
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
     small = np.empty(1000, dtype)  # the serial kernel
-    halfconv.convert_host(x[-1000:], small, narrow)
+    halfconv_cpu.convert_host(x[-1000:], small, narrow)
     np.testing.assert_array_equal(small.view(np.uint16), want[-1000:].view(np.uint16))
 
 
 def test_float16_overflow_and_subnormal_edges():
     x = np.array([65504, 65519.99, 65520, -70000, 2.0 ** -24, 2.0 ** -25, 1.5 * 2.0 ** -24], np.float32)
     got = np.empty(x.shape, np.float16)
-    halfconv.convert_host(x, got, halfconv.F32_TO_F16)
+    halfconv_cpu.convert_host(x, got, halfconv.F32_TO_F16)
     np.testing.assert_array_equal(got, np.array([65504, 65504, np.inf, -np.inf, 2.0 ** -24, 0, 2.0 ** -23],
                                                 np.float16))
 
@@ -69,10 +69,10 @@ def test_strided_operands_convert_in_place_of_their_elements(name):
     dtype, widen, narrow = HALVES[name]
     x = np.linspace(-3, 3, 60, dtype=np.float32).reshape(6, 10)[:, ::3]  # not contiguous
     out = np.empty((x.shape[1], x.shape[0]), dtype).T  # a Fortran-ordered destination
-    halfconv.convert_host(x, out, narrow)
+    halfconv_cpu.convert_host(x, out, narrow)
     np.testing.assert_array_equal(out.view(np.uint16), x.astype(dtype).view(np.uint16))
     back = np.empty((x.shape[1], x.shape[0]), np.float32).T  # strided destination
-    halfconv.convert_host(out, back, widen)
+    halfconv_cpu.convert_host(out, back, widen)
     np.testing.assert_array_equal(back, out.astype(np.float32))
 
 

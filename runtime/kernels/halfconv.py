@@ -1,14 +1,12 @@
 """Half-precision conversions (float16/bfloat16 <-> float32) as kernels over integer views
 (uint16 <-> float32 bits as uint32): Numba has no half type, on the CPU or on CUDA. The
-planner's half rule (runtime.plan.halves) places them; these are the CPU kernels, and the
-scalar conversion the CUDA kernel (runtime.kernels.halfconv_cuda) compiles too."""
+planner's half rule (runtime.plan.halves) places them; this is the scalar conversion that the
+CPU kernels (runtime.kernels.halfconv_cpu) and the CUDA kernel (runtime.kernels.halfconv_cuda)
+compile, each in a module of its own imported when a plan needs it: the planner imports this
+one without numba."""
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-
-PARALLEL_MIN = 1 << 16  # elements: below this one thread is cheaper than waking the others
 
 # conversion kinds, as the kernels take them
 F16_TO_F32, F32_TO_F16, BF16_TO_F32, F32_TO_BF16 = 0, 1, 2, 3
@@ -68,7 +66,6 @@ def f32_bits_to_bf16_bits(x):
 
 
 _SCALAR = (f16_bits_to_f32_bits, f32_bits_to_f16_bits, bf16_bits_to_f32_bits, f32_bits_to_bf16_bits)
-_cpu: dict[str, Any] = {}
 
 
 def scalar_conversion(compile_):
@@ -87,55 +84,7 @@ def scalar_conversion(compile_):
     return compile_(one)
 
 
-def _cpu_kernels() -> dict[str, Any]:
-    """Conversion kernels over integer views: ``serial``/``parallel`` for C-contiguous 1-D
-    views, ``strided`` for any layout (a strided binding), element by element."""
-    if not _cpu:
-        from numba import njit, prange
-
-        one = scalar_conversion(njit(inline="always", cache=True))
-
-        @njit(cache=True)
-        def serial(src, dst, kind):
-            for i in range(src.size):
-                dst[i] = one(src[i], kind)
-
-        @njit(cache=True, parallel=True)
-        def parallel(src, dst, kind):
-            for i in prange(src.size):
-                dst[i] = one(src[i], kind)
-
-        @njit(cache=True)
-        def strided(src, dst, kind):
-            for idx in np.ndindex(src.shape):
-                dst[idx] = one(src[idx], kind)
-
-        _cpu.update(serial=serial, parallel=parallel, strided=strided)
-    return _cpu
-
-
 def _views(src, dst, kind: int):
     """The integer views the kernels read and write."""
     widen = kind in (F16_TO_F32, BF16_TO_F32)
     return src.view(np.uint16 if widen else np.uint32), dst.view(np.uint32 if widen else np.uint16)
-
-
-def warm_host(kind: int) -> None:
-    """Compile (or load) the serial and the parallel conversion of ``kind`` for contiguous
-    operands, which a call picks by size: a later extent then compiles nothing."""
-    widen = kind in (F16_TO_F32, BF16_TO_F32)
-    src = np.zeros(1, np.uint16 if widen else np.uint32)
-    dst = np.zeros(1, np.uint32 if widen else np.uint16)
-    kernels = _cpu_kernels()
-    kernels["serial"](src, dst, kind)
-    kernels["parallel"](src, dst, kind)
-
-
-def convert_host(src: np.ndarray, dst: np.ndarray, kind: int) -> None:
-    """Widen or narrow ``src`` into ``dst`` (same shape) on the CPU."""
-    s, d = _views(src, dst, kind)
-    if s.flags.c_contiguous and d.flags.c_contiguous:
-        kernel = _cpu_kernels()["parallel" if s.size >= PARALLEL_MIN else "serial"]
-        kernel(s.reshape(-1), d.reshape(-1), kind)
-    else:
-        _cpu_kernels()["strided"](s, d, kind)

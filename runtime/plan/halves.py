@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 
 from runtime.core.types import HALF_DTYPES, TensorType
-from runtime.kernels.halfconv import BF16_TO_F32, F16_TO_F32, F32_TO_BF16, F32_TO_F16, convert_host, warm_host
+from runtime.kernels.halfconv import BF16_TO_F32, F16_TO_F32, F32_TO_BF16, F32_TO_F16
 from runtime.plugins.atomspec import AtomSpec, Node
 from runtime.plugins.kernel import node_kernel
 
@@ -34,6 +34,8 @@ def _kind(node: Node) -> int:
 
 def _cpu_factory(node: Node):
     kind = _kind(node)
+
+    from runtime.kernels.halfconv_cpu import convert_host, warm_host
 
     def run(inputs: Sequence[Any], out) -> None:
         convert_host(inputs[0], out, kind)
