@@ -9,7 +9,7 @@ it is; every other variant switches one mechanism back off:
 - ``libm exp``: generated CPU kernels call ``math.exp`` instead of ``runtime.kernels.vmath.vexp``;
 - ``4 tiles/thread``: the contract's CPU tiles at the former 4 per thread;
 - ``BLAS tiles``: the contract's row tiles computed by BLAS, not by the register-blocked
-  micro-kernels of ``atoms._microgemm``;
+  micro-kernels of ``atoms.contract.micro``;
 - ``banks per run``: the banks passed as arrays to every run (checked, and counted for
   finiteness by the kernels, each run) instead of loaded once by ``Executable.load_banks``;
 - ``kernel by kernel``: no compiled driver (``runtime.execution.driver``): the plan's kernels launched
@@ -24,7 +24,7 @@ it is; every other variant switches one mechanism back off:
   computed one at a time, with no block of 4 first;
 - ``left rows unpacked``: the ``bcast`` micro-kernel broadcasts a block's left elements
   straight from its rows, not from the block first copied into one interleaved buffer
-  (``_microgemm.PACK_LEFT_MIN_PANELS``).
+  (``micro.PACK_LEFT_MIN_PANELS``).
 
     python bench/ab_seed.py 256 8192 32768
     python bench/ab_seed.py 256 --variants "left rows unpacked,B packed per call" --reps 3000
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-import atoms._gemm as gemm
-import atoms._microgemm as micro
+import atoms.contract.micro as micro
+import atoms.contract.tiles as tiles
 import runtime
 import runtime.kernels.vmath as vmath
 from runtime.execution.executor import DRIVER_AFTER_RUNS
@@ -75,7 +75,7 @@ def built(inputs, banks, module=None, name=None, value=None, resident=True):
 
 
 def rows_one_by_one(mr, rows_of):
-    """``_microgemm._row_blocks`` with no block of 4: full blocks, then the remainder row by row."""
+    """``micro._row_blocks`` with no block of 4: full blocks, then the remainder row by row."""
     return ([f"while i + {mr} <= rows:"] + ["    " + line for line in rows_of(mr)] + [f"    i += {mr}"]
             + ["while i < rows:"] + ["    " + line for line in rows_of(1)] + ["    i += 1"])
 
@@ -98,7 +98,7 @@ def variants(inputs, banks, only: list[str] | None = None):
               "results kept": (lambda: built(inputs, banks), True),
               "separate finiteness pass": (separate, False),
               "libm exp": (lambda: built(inputs, banks, vmath, "cpu_code", lambda lines: list(lines)), False),
-              "4 tiles/thread": (lambda: built(inputs, banks, gemm, "TILES_PER_THREAD", 4), False),
+              "4 tiles/thread": (lambda: built(inputs, banks, tiles, "TILES_PER_THREAD", 4), False),
               "BLAS tiles": (lambda: built(inputs, banks, micro, "choose_form", lambda *dims: None), False),
               "bcast from 2048 rows": (lambda: built(inputs, banks, micro, "BCAST_MIN_ROWS", 2048), False),
               "B packed per call": (lambda: built(inputs, banks, micro, "ResidentPacks", lambda *args: None), False),

@@ -79,7 +79,7 @@ def test_slices_on_the_blocked_gemm_give_the_whole_run_bit_for_bit(chunks):
     """An MLP whose products take the blocked GEMM (N >= 256, K >= 128) over 150 rows: a slice
     of 1 to 40 rows computes each element as the whole run does (the form is the whole run's,
     strips are padded)."""
-    from atoms import _microgemm as micro
+    from atoms.contract import micro
     from tests.test_resident import mlp_program
 
     program, y = mlp_program(136, 288, 260, "silu")

@@ -256,7 +256,7 @@ def test_finiteness_of_an_epilogue_operand_is_checked_by_the_kernel_that_reads_i
 
 @pytest.mark.parametrize("tokens, row", [(300, 0), (300, 127), (300, 128), (300, 299), (263, 259), (263, 262)])
 def test_the_left_operand_scan_covers_every_tile(tokens, row):
-    """x·Aᵀ checks x's rows through their sums (``_gemm._scan_after``), tile by tile: a bad
+    """x·Aᵀ checks x's rows through their sums (``atoms.contract.render._scan_after``), tile by tile: a bad
     value in any tile, and in the remainder rows of a tile (263: 131 rows, 21 blocks of 6
     and then 4 and 1), is found and named."""
     exe = runtime.compile(SEED, "cpu")

@@ -246,7 +246,7 @@ def test_float64_banks_and_a_python_number_bank_take_the_banks_dtype():
 
 
 def _packs(exe):
-    """The resident-pack caches of the executable's contract kernels (atoms._gemm)."""
+    """The resident-pack caches of the executable's contract kernels (atoms.contract.factory)."""
     found = []
     for compiled in exe._plans.values():
         for launch in compiled.launches:
@@ -302,7 +302,7 @@ def mlp_program(d=160, f=300, e=272, mode="gelu"):
 
 
 def test_resident_banks_packed_for_the_blocked_gemm_give_the_per_run_results():
-    from atoms import _microgemm as micro
+    from atoms.contract import micro
 
     program, out = mlp_program()
     exe = runtime.compile(program, "cpu")

@@ -135,7 +135,7 @@ def test_tiered_runs_on_reference_then_switches_with_equal_results(gated):
 def test_the_tier_takes_blas_for_contractions_and_reference_stays_the_oracle(gated, monkeypatch):
     """The tier's runs take the reference kernels' faster paths (an unbatched contraction
     through BLAS, ``np.matmul``); ``backend="reference"`` keeps ``np.einsum`` (the oracle)."""
-    from atoms import contract
+    from atoms.contract import reference as contract
 
     asked = []
     real = contract.first_tier

@@ -1,5 +1,5 @@
 """Register-tile shapes of the blocked GEMM, single-threaded, one process: GFLOP/s of the
-runtime's blocked tile (``atoms._microgemm.blocked_tile``: the left rows packed in strips per K
+runtime's blocked tile (``atoms.contract.micro.blocked_tile``: the left rows packed in strips per K
 slice; the right operand packed in panels once, outside the timing) for tiles of MR rows x NV
 vectors of LANES floats, K slices of KC and row tiles of TM, over the shapes of a transformer
 block's MLP and projections.
@@ -7,7 +7,7 @@ block's MLP and projections.
     python bench/tools/blocked_tile_ab.py
     python bench/tools/blocked_tile_ab.py --shapes 128,512,512 --configs 4,4,16,64,32 4,4,16,256,32
 
-This is the experiment behind ``atoms._microgemm``'s BLOCKED_MR, BLOCKED_NV, BLOCKED_KC and
+This is the experiment behind ``atoms.contract.micro``'s BLOCKED_MR, BLOCKED_NV, BLOCKED_KC and
 BLOCKED_MIN_TM (docs/performance.md, tuning log); it calls the tile from a plain loop, so it
 measures the tile alone (no epilogue, no threads).
 """
@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit, types
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from atoms import _microgemm as micro  # noqa: E402
+from atoms.contract import micro  # noqa: E402
 from runtime.kernels import simd  # noqa: E402
 
 SHAPES = [(128, 512, 2048), (128, 2048, 512), (2048, 1024, 1024), (4096, 1024, 4096)]
@@ -32,7 +32,7 @@ CONFIGS = [(6, 2, 8, 256, 48), (6, 2, 16, 256, 48), (6, 2, 16, 256, 96), (6, 2, 
 
 
 def make(mr: int, nv: int, lanes: int, kc: int):
-    """The runtime's blocked tile (``atoms._microgemm.blocked_tile``) at this shape, as a plain
+    """The runtime's blocked tile (``atoms.contract.micro.blocked_tile``) at this shape, as a plain
     njit function, and a GEMM calling it per row tile of ``tm`` rows."""
     ops, _ = simd._define(types.float32, 4 * lanes)
     nr = nv * lanes

@@ -20,7 +20,7 @@ SHAPES = ["12,1024,32", "16,1024,32", "32,64,64", "64,64,64", "128,128,128", "64
 
 
 def kernel(m: int, k: int, n: int, form, resident: bool):
-    from atoms import _microgemm as micro
+    from atoms.contract import micro
     from atoms.contract import SPECS
     from runtime.core.types import TensorType
     from runtime.plugins.atomspec import bind_node

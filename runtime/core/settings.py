@@ -166,16 +166,16 @@ COPY_PARALLEL_MIN = _tuning(
     "Elements below which a strided copy (layout and gather-family atoms) runs on one thread.",
     "Waking the other threads costs more than the copy saves below it.", shown="65536 (64 Ki elements)")
 CONTRACT_SCRATCH = _tuning(
-    "FORMULA_CONTRACT_SCRATCH", 256 * 1024, "atoms/_gemm.py (SCRATCH_BYTES)",
+    "FORMULA_CONTRACT_SCRATCH", 256 * 1024, "atoms/contract/tiles.py (SCRATCH_BYTES)",
     "Bytes of a row tile's GEMM result ([tm, n] in the accumulation dtype), which sets the rows per tile.",
     "The tile's result stays cache-resident while the epilogue reads it; wide contractions use "
     "FORMULA_CONTRACT_PACK_ROWS instead.", EARLIER, "262144 (256 KiB)")
 CONTRACT_PARALLEL_MIN = _tuning(
-    "FORMULA_CONTRACT_PARALLEL_MIN", 1 << 21, "atoms/_gemm.py (PARALLEL_MIN_MACS)",
+    "FORMULA_CONTRACT_PARALLEL_MIN", 1 << 21, "atoms/contract/tiles.py (PARALLEL_MIN_MACS)",
     "Multiply-adds below which a contraction runs on one thread.",
     "A parallel region costs about 10 µs or more, more than it saves below it.", shown="2097152 (2 Mi MACs)")
 CONTRACT_BLOCKED_TILES = _tuning(
-    "FORMULA_CONTRACT_BLOCKED_TILES", 2, "atoms/_gemm.py (BLOCKED_TILES_PER_THREAD)",
+    "FORMULA_CONTRACT_BLOCKED_TILES", 2, "atoms/contract/tiles.py (BLOCKED_TILES_PER_THREAD)",
     "Tiles per thread of the blocked (packed right operand) GEMM.",
     "Blocked tiles share one packed right operand, so more tiles cost only a little reuse, and two "
     "per thread let a worker on a busy core take fewer; 1, 2 and 4 measured alike on an idle machine.",
@@ -183,7 +183,7 @@ CONTRACT_BLOCKED_TILES = _tuning(
     "--reps 15 --rounds 4`, and with `--noisy` (the third session; figures in docs/performance.md at "
     "commit ff5d359).")
 CONTRACT_PACK_ROWS = _tuning(
-    "FORMULA_CONTRACT_PACK_ROWS", 512, "atoms/_gemm.py (PACK_ROWS)",
+    "FORMULA_CONTRACT_PACK_ROWS", 512, "atoms/contract/tiles.py (PACK_ROWS)",
     "Least rows of a BLAS row tile when the right operand is too big to stay cached (over "
     "PACKED_RIGHT_BYTES, 1 MiB); 0 turns it off.",
     "Every BLAS call packs the whole right operand, so longer tiles re-pack it less often; 512 keeps "

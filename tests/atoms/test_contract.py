@@ -8,8 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from atoms import _gemm
-from atoms.contract import SPECS
+from atoms.contract import SPECS, lowering, render, tiles
 from runtime.plugins.atomspec import ScalarOp, bind_node
 from runtime.plugins.kernel import request_for
 from runtime.core.errors import FormulaError
@@ -219,7 +218,7 @@ def test_cpu_matches_reference(layout, seed):
     a2, b2 = strided_copy(rng, a), strided_copy(rng, b)
     got = np.full(node.output_type.shape, np.nan, np.float32)
     CONTRACT.kernels["cpu"](request_for(node))([a2, b2], (), got)
-    close(got, want, _gemm.lower(lt, rt, pairs).dims[3])
+    close(got, want, lowering.lower(lt, rt, pairs).dims[3])
     np.testing.assert_array_equal(a2, a)
 
 
@@ -245,7 +244,7 @@ def test_cpu_anchor_with_epilogue_matches_reference(layout, seed, data):
     run = CONTRACT.kernels["cpu"](request_for(node, epilogue_for(node, ft)))
     got = np.full(ot.shape, np.nan, np.float32)
     run([a, b], [align_to(factor, ft, ot), align_to(base, ot, ot)], got)
-    close(got, want, _gemm.lower(lt, rt, pairs).dims[3])
+    close(got, want, lowering.lower(lt, rt, pairs).dims[3])
 
 
 @pytest.mark.parametrize("rows", [3, 300])  # one tile on BLAS, and blocked tiles in parallel
@@ -273,7 +272,7 @@ def test_cpu_seed_group_parallel_path_and_blas_threads_restored():
     def scipy_threads():
         return [p["num_threads"] for p in threadpool_info() if "scipy.libs" in p["filepath"]]
     node = bind([("D", "D")], "BSR", T(("B", "S", "D"), (2, 256, 64)), T("RD", (96, 64)))
-    assert 2 * 256 * 96 * 64 >= _gemm.PARALLEL_MIN_MACS
+    assert 2 * 256 * 96 * 64 >= tiles.PARALLEL_MIN_MACS
     silu = Epilogue((EpilogueStep(node, ScalarOp("({0} / (1.0 + math.exp(-{0})))"), (CHAIN,)),), (), ())
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((2, 256, 64)).astype(np.float32), rng.standard_normal((96, 64)).astype(np.float32)
@@ -360,7 +359,7 @@ def test_cuda_matches_reference(pairs, out, lt, rt, fused):
         run([cuda.to_device(a), cuda.to_device(b)], [cuda.to_device(keep), cuda.to_device(base)], dout)
     else:
         CONTRACT.kernels["cuda"](request_for(node))([cuda.to_device(a), cuda.to_device(b)], (), dout)
-    close(dout.copy_to_host(), want, _gemm.lower(lt, rt, pairs).dims[3], dt.type)
+    close(dout.copy_to_host(), want, lowering.lower(lt, rt, pairs).dims[3], dt.type)
 
 
 def test_empty_epilogue_anchor_equals_plain_kernel():
@@ -373,10 +372,10 @@ def test_empty_epilogue_anchor_equals_plain_kernel():
     np.testing.assert_array_equal(x, y)
 
 
-# --- register-blocked micro-kernel tiles (atoms._microgemm) ----------------------------------
+# --- register-blocked micro-kernel tiles (atoms.contract.micro) ----------------------------------
 
 def micro_form(*dims):
-    from atoms import _microgemm as micro
+    from atoms.contract import micro
 
     return micro.choose_form(*dims)
 
@@ -384,7 +383,7 @@ def micro_form(*dims):
 def force_form(monkeypatch, form):
     """Every contract kernel built now uses ``form`` where its operands allow; returns the list
     of (form, usable) answers the runs gave, so a test can see the micro-kernel ran."""
-    from atoms import _microgemm as micro
+    from atoms.contract import micro
 
     seen = []
     usable = micro.usable
@@ -445,7 +444,7 @@ def test_cpu_micro_kernels_match_reference(monkeypatch, dtype, form, pairs, out,
     got = np.full(ot.shape, np.nan, dtype)
     CONTRACT.kernels["cpu"](request_for(node, epilogue_for(node, ot)))([a, b], [factor, base], got)
     assert seen and all(seen)  # the micro-kernel computed the tiles, not BLAS
-    close(got, want, _gemm.lower(lt, rt, pairs).dims[3], np.dtype(dtype).type)
+    close(got, want, lowering.lower(lt, rt, pairs).dims[3], np.dtype(dtype).type)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -453,7 +452,7 @@ def test_cpu_micro_kernels_match_reference(monkeypatch, dtype, form, pairs, out,
 def test_cpu_bcast_with_packed_left_rows_matches_reference(monkeypatch, dtype, form, pairs, out, lt, rt):
     """Every bcast block's left rows copied first into one interleaved buffer (the seed's
     h · Bᵀ does so: it has 64 panels), whatever the panel count."""
-    from atoms import _microgemm as micro
+    from atoms.contract import micro
 
     monkeypatch.setattr(micro, "PACK_LEFT_MIN_PANELS", 0)
     test_cpu_micro_kernels_match_reference(monkeypatch, dtype, form, pairs, out, lt, rt)
@@ -470,7 +469,7 @@ def test_cpu_micro_kernels_any_layout(layout, seed, form):
 
 
 def test_micro_forms_chosen_for_the_seed_shapes():
-    from atoms import _microgemm as micro
+    from atoms.contract import micro
 
     assert micro.choose_form(1, 128, 32, 1024) == "dot"  # x · Aᵀ: packing A costs more than it saves
     assert micro.choose_form(1, 8192, 32, 1024) == "bcast"  # unless the rows are many
@@ -491,12 +490,12 @@ def test_micro_forms_chosen_for_the_seed_shapes():
 
 def test_pack_rows_amortise_packing_a_large_right_operand():
     item = 4
-    assert _gemm.pack_rows(4096, 4096, 1024, item) == _gemm.PACK_ROWS  # 16 MiB right operand
-    assert _gemm.pack_rows(100, 4096, 1024, item) == 100  # never more rows than there are
-    assert _gemm.pack_rows(4096, 256, 256, item) == 0  # 256 KiB: stays cached between tiles
+    assert tiles.pack_rows(4096, 4096, 1024, item) == tiles.PACK_ROWS  # 16 MiB right operand
+    assert tiles.pack_rows(100, 4096, 1024, item) == 100  # never more rows than there are
+    assert tiles.pack_rows(4096, 256, 256, item) == 0  # 256 KiB: stays cached between tiles
     # a tile's result stays within WIDE_SCRATCH_BYTES (but at least 8 rows)
-    assert _gemm.pack_rows(4096, 1 << 20, 8, item) == 8
-    assert _gemm.pack_rows(4096, 16384, 64, item) == _gemm.WIDE_SCRATCH_BYTES // (16384 * item)
+    assert tiles.pack_rows(4096, 1 << 20, 8, item) == 8
+    assert tiles.pack_rows(4096, 16384, 64, item) == tiles.WIDE_SCRATCH_BYTES // (16384 * item)
 
 
 @pytest.mark.parametrize("form", [None, "blocked"])
@@ -515,9 +514,9 @@ def test_cpu_wide_contraction_with_gelu_epilogue_uses_large_tiles_and_matches_re
     import numba
 
     if form is None:  # one tile per worker (700 rows in two tiles on two threads), not 22 tiles of 32 rows
-        assert _gemm.PACK_ROWS >= 350 and ints[_gemm._I_TM] >= -(-m // max(2, numba.get_num_threads()))
+        assert tiles.PACK_ROWS >= 350 and ints[render.I_TM] >= -(-m // max(2, numba.get_num_threads()))
     else:
-        assert ints[_gemm._I_FORM] == _gemm.FORM_IDS["blocked"] and seen and all(seen)
+        assert ints[render.I_FORM] == tiles.FORM_IDS["blocked"] and seen and all(seen)
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32) / 16
     got = np.empty((m, n), np.float32)

@@ -1,4 +1,4 @@
-"""The contraction's tile plan (atoms._gemm.plan_tiles): decisions only, no kernel compiled."""
+"""The contraction's tile plan (atoms.tiles.plan_tiles): decisions only, no kernel compiled."""
 from __future__ import annotations
 
 import itertools
@@ -7,8 +7,7 @@ import attrs
 import numpy as np
 import pytest
 
-from atoms import _gemm
-from atoms import _microgemm as micro
+from atoms.contract import lowering, micro, render, tiles
 
 SHAPES = [(1, 1, 64, 64), (1, 3, 1024, 1024), (1, 256, 1024, 16), (1, 256, 16, 1024),
           (4, 512, 512, 64), (1, 4096, 4096, 1024), (8, 7, 33, 5), (1, 8192, 1024, 16)]
@@ -18,7 +17,7 @@ SHAPES = [(1, 1, 64, 64), (1, 3, 1024, 1024), (1, 256, 1024, 16), (1, 256, 16, 1
                          list(itertools.product(SHAPES, ("float32", "float64"), (False, True), (1, 2, 8))))
 def test_every_plan_covers_the_rows_once_in_whole_register_blocks(dims, dt, scan, threads):
     nb, m, n, k = dims
-    plan = _gemm.plan_tiles(dims, dt, scan, threads=threads)
+    plan = tiles.plan_tiles(dims, dt, scan, threads=threads)
     assert plan.tm >= 1 and plan.ntiles == nb * -(-m // plan.tm)  # every row in exactly one tile
     assert 1 <= plan.nwork <= max(1, min(threads, plan.ntiles))
     assert plan.parallel or plan.nwork == 1
@@ -26,17 +25,17 @@ def test_every_plan_covers_the_rows_once_in_whole_register_blocks(dims, dt, scan
         mr = micro.rows_per_block(plan.form)
         assert plan.tm % mr in (0, micro.REMAINDER_MR % mr)
     assert not plan.pack_left or plan.form == "bcast"
-    assert plan.form_id == _gemm.FORM_IDS["bcast packed left" if plan.pack_left else plan.form]
+    assert plan.form_id == tiles.FORM_IDS["bcast packed left" if plan.pack_left else plan.form]
 
 
 def test_small_calls_stay_on_one_worker_and_tiny_ones_on_gemv():
-    plan = _gemm.plan_tiles((1, 3, 64, 64), "float32", threads=2)
+    plan = tiles.plan_tiles((1, 3, 64, 64), "float32", threads=2)
     assert (plan.parallel, plan.nwork, plan.form) == (False, 1, None)  # 3 rows <= GEMV_ROWS
 
 
 def test_large_blas_calls_split_evenly_over_the_threads(monkeypatch):
     monkeypatch.setattr(micro, "choose_form", lambda *dims: None)
-    plan = _gemm.plan_tiles((1, 4096, 1024, 1024), "float32", threads=2)
+    plan = tiles.plan_tiles((1, 4096, 1024, 1024), "float32", threads=2)
     assert plan.parallel and plan.nwork == 2 and plan.ntiles % 2 == 0
 
 
@@ -44,32 +43,32 @@ def test_large_blas_calls_split_evenly_over_the_threads(monkeypatch):
 def test_blocked_calls_give_each_thread_several_tiles_of_whole_strips(m):
     """Workers take tiles as they come free: several per thread, so that one on a busy core
     takes fewer; no tile shorter than BLOCKED_MIN_SPLIT rows (nor padded, but the last)."""
-    plan = _gemm.plan_tiles((1, m, 2048, 512), "float32", threads=2)
+    plan = tiles.plan_tiles((1, m, 2048, 512), "float32", threads=2)
     assert plan.form == "blocked" and plan.parallel and plan.nwork == 2
-    assert plan.ntiles >= min(2 * _gemm.BLOCKED_TILES_PER_THREAD, m // micro.BLOCKED_MIN_SPLIT)
+    assert plan.ntiles >= min(2 * tiles.BLOCKED_TILES_PER_THREAD, m // micro.BLOCKED_MIN_SPLIT)
     assert plan.tm >= micro.BLOCKED_MIN_SPLIT and plan.tm % micro.BLOCKED_MR == 0
 
 
 def test_a_scanned_left_tile_fits_the_scan_budget():
     dims = nb, m, n, k = 1, 4096, 64, 4096
     item = 4
-    assert _gemm.pack_rows(m, n, k, item) == 0  # a right operand that stays cached
-    plain, scanned = (_gemm.plan_tiles(dims, "float32", scan, threads=1) for scan in (False, True))
+    assert tiles.pack_rows(m, n, k, item) == 0  # a right operand that stays cached
+    plain, scanned = (tiles.plan_tiles(dims, "float32", scan, threads=1) for scan in (False, True))
     assert scanned.tm < plain.tm
-    assert scanned.tm <= micro.whole_blocks(scanned.form, _gemm.SCAN_TILE_BYTES // (k * item))
+    assert scanned.tm <= micro.whole_blocks(scanned.form, tiles.SCAN_TILE_BYTES // (k * item))
 
 
 def test_a_right_operand_too_big_for_cache_gets_long_blas_tiles(monkeypatch):
     nb, m, n, k = 1, 4096, 4096, 1024  # right operand 16 MiB in float32
     monkeypatch.setattr(micro, "choose_form", lambda *dims: None)
-    plan = _gemm.plan_tiles((nb, m, n, k), "float32", threads=1)
-    assert plan.tm >= min(m, _gemm.PACK_ROWS)
+    plan = tiles.plan_tiles((nb, m, n, k), "float32", threads=1)
+    assert plan.tm >= min(m, tiles.PACK_ROWS)
 
 
 def test_blocked_tiles_stay_short_since_the_right_operand_is_packed_once():
     nb, m, n, k = 1, 4096, 4096, 1024
-    plan = _gemm.plan_tiles((nb, m, n, k), "float32", threads=1)
-    assert plan.form == "blocked" and micro.BLOCKED_MIN_TM <= plan.tm < _gemm.PACK_ROWS
+    plan = tiles.plan_tiles((nb, m, n, k), "float32", threads=1)
+    assert plan.form == "blocked" and micro.BLOCKED_MIN_TM <= plan.tm < tiles.PACK_ROWS
     assert plan.tm % micro.BLOCKED_MR == 0
 
 
@@ -77,17 +76,17 @@ def test_a_slice_takes_the_form_of_the_whole_run():
     whole = (1, 8192, 1024, 16)
     for rows in (1, 4, 5, 64, 300):
         part = (1, rows, 1024, 16)
-        want = _gemm.plan_tiles(whole, "float32", threads=2).form
-        assert _gemm.plan_tiles(part, "float32", whole=whole, threads=2).form == want
+        want = tiles.plan_tiles(whole, "float32", threads=2).form
+        assert tiles.plan_tiles(part, "float32", whole=whole, threads=2).form == want
 
 
 def test_the_kernel_source_does_not_depend_on_the_plan():
     """One compiled kernel serves every plan: the renderer sees no tile decision."""
     import inspect
 
-    params = inspect.signature(_gemm._cpu_source).parameters
+    params = inspect.signature(render.cpu_source).parameters
     assert not {"tm", "form", "parallel", "nwork", "pack_left", "tiles"} & set(params)
-    assert np.array_equal(sorted(_gemm.FORM_IDS.values()), np.arange(len(_gemm.FORM_IDS)))
+    assert np.array_equal(sorted(tiles.FORM_IDS.values()), np.arange(len(tiles.FORM_IDS)))
 
 
 # N and K around every threshold of choose_form and of the left packing
@@ -102,21 +101,21 @@ def test_a_kernel_links_every_form_its_declared_n_and_k_can_reach(dt):
     """kernel_forms(n, k) bounds plan_tiles' form for every M and batch (and for the slices of
     a chunked run): a plan asking for a tile its kernel did not link would fall back to BLAS."""
     for n, k in itertools.product(_NK, _NK):
-        forms = _gemm.kernel_forms(n, k, dt)
-        assert _gemm.FORM_IDS[None] in forms
+        forms = tiles.kernel_forms(n, k, dt)
+        assert tiles.FORM_IDS[None] in forms
         reached = set()
         for nb, m in itertools.product((1, 3), _ROWS):
-            plan = _gemm.plan_tiles((nb, m, n, k), dt, threads=2)
+            plan = tiles.plan_tiles((nb, m, n, k), dt, threads=2)
             reached.add(plan.form_id)
-            part = _gemm.plan_tiles((1, max(1, m // 3), n, k), dt, whole=(nb, m, n, k), threads=2)
+            part = tiles.plan_tiles((1, max(1, m // 3), n, k), dt, whole=(nb, m, n, k), threads=2)
             reached.add(part.form_id)
         assert reached <= forms, (n, k)
-        assert forms - reached <= {_gemm.FORM_IDS[None]}, (n, k)  # and no form it cannot reach
+        assert forms - reached <= {tiles.FORM_IDS[None]}, (n, k)  # and no form it cannot reach
 
 
 def test_an_extent_that_varies_links_every_form():
-    assert _gemm.kernel_forms(None, 64, "float32") == _gemm.ALL_FORMS
-    assert _gemm.kernel_forms(64, None, "float32") == _gemm.ALL_FORMS
+    assert tiles.kernel_forms(None, 64, "float32") == tiles.ALL_FORMS
+    assert tiles.kernel_forms(64, None, "float32") == tiles.ALL_FORMS
 
 
 def test_declared_extents_reach_the_kernel_and_symbols_stay_variable():
@@ -133,13 +132,13 @@ def test_declared_extents_reach_the_kernel_and_symbols_stay_variable():
     dims = {"B": 2, "S": 5}
     nodes, _, _ = resolve_nodes(exe.program, exe.specs, exe._binding_types(dims, {}), dims)
     contracts = [n for n in nodes if n.atom.name == "contract"]
-    assert [_gemm.fixed_nk(n, _gemm.lower(*n.input_types, n.attributes["reduce_axes"])) for n in contracts] \
+    assert [tiles.fixed_nk(n, lowering.lower(*n.input_types, n.attributes["reduce_axes"])) for n in contracts] \
         == [(32, 1024), (1024, 32)]
     symbolic = _declared_by_symbol(contracts[0], "Din")  # K, declared on both operands
-    assert _gemm.fixed_nk(symbolic, _gemm.lower(*symbolic.input_types, symbolic.attributes["reduce_axes"])) \
+    assert tiles.fixed_nk(symbolic, lowering.lower(*symbolic.input_types, symbolic.attributes["reduce_axes"])) \
         == (32, None)
     inserted = attrs.evolve(contracts[0], declared_inputs=())  # a node the planner inserts
-    assert _gemm.fixed_nk(inserted, _gemm.lower(*inserted.input_types, inserted.attributes["reduce_axes"])) \
+    assert tiles.fixed_nk(inserted, lowering.lower(*inserted.input_types, inserted.attributes["reduce_axes"])) \
         == (None, None)
 
 

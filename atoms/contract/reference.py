@@ -1,0 +1,60 @@
+"""The contract atom's reference kernel: ``np.einsum`` in the accumulation dtype (the oracle);
+the first tier's unbatched contractions through BLAS (``np.matmul``)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from runtime.core.types import accumulation_dtype, numpy_dtype
+from runtime.kernels.tiers import first_tier
+from runtime.plugins.atomspec import Node
+from runtime.plugins.kernel import node_kernel
+
+from .lowering import as_batched, lower
+
+def _acc(node: Node) -> np.dtype:
+    t = node.input_types[0]
+    return numpy_dtype(accumulation_dtype(t.dtype, node.attributes["accumulation_dtype"]))
+
+
+def _ref(node: Node):
+    """np.einsum in the accumulation dtype, cast back: the oracle. Subscripts are integer
+    labels per axis name (a reduced pair shares its left axis' label)."""
+    lt, rt = node.input_types
+    pairs = [tuple(p) for p in node.attributes["reduce_axes"]]
+    labels: dict[str, int] = {}
+    for a in lt.axes:
+        labels.setdefault(a, len(labels))
+    right_of = {b: a for a, b in pairs}
+    for b in rt.axes:
+        if b not in right_of:
+            labels.setdefault(b, len(labels))
+    sub_l = [labels[a] for a in lt.axes]
+    sub_r = [labels[right_of.get(b, b)] if b in right_of else labels[b] for b in rt.axes]
+    sub_o = [labels[a] for a in node.output_type.axes]
+    acc = _acc(node)
+    einsum_ok = len(labels) <= 52
+    low = lower(lt, rt, pairs)
+    nb, m, n, k = low.dims
+    natural = low.batch + low.m_axes + low.n_axes
+    in_place = tuple(node.output_type.axes) == natural  # the output is the product's [nb, m, n]
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        left = np.asarray(inputs[0]).astype(acc, copy=False)
+        right = np.asarray(inputs[1]).astype(acc, copy=False)
+        if einsum_ok and not (nb == 1 and first_tier()):
+            value = np.einsum(left, sub_l, right, sub_r, sub_o)
+        else:  # einsum has 52 labels; the same sum as a matmul (BLAS: the first tier's, unbatched)
+            a = as_batched(left, low.left_order, (nb, m, k))
+            b = as_batched(right, low.right_order, (nb, k, n))
+            if in_place and out.dtype == acc and out.flags.c_contiguous:
+                np.matmul(a, b, out=out.reshape(nb, m, n))  # (no temporary as large as the output)
+                return
+            c = np.matmul(a, b).reshape([low.extents[x] for x in natural])
+            value = c.transpose([natural.index(x) for x in node.output_type.axes])
+        out[...] = value
+    return run
+
+
+reference_kernel = node_kernel(_ref)
