@@ -11,8 +11,8 @@ import attrs
 
 from runtime.plugins.hookspecs import hookimpl
 
-FAMILIES = ("contract", "elementwise", "reduce", "reduce2", "softmax", "layout", "indexing", "window", "segment",
-            "position", "observe", "gradient")
+FAMILIES = ("contract", "elementwise", "reduce", "reduce2", "softmax", "layout", "indexing", "scatter_add",
+            "window", "segment", "position", "observe", "gradient")
 
 
 def all_specs():

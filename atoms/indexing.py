@@ -1,10 +1,8 @@
-"""Indexing atoms: gather, scatter, lookup (SPEC §3); gather@2, scatter@2 and the legacy
-arti/fold@2, arti/unfold@2 (§3b).
+"""Indexing atoms whose kernels are index-driven copies: gather, scatter, lookup (SPEC §3);
+gather@2 and the legacy arti/fold@2, arti/unfold@2 (§3b), with the index checks they share with
+scatter@2 (its adding kernels are in ``atoms.scatter_add``).
 
 gather@2, fold and unfold reuse the bit-moving kernels below (gather@2 for any payload dtype).
-scatter@2 adds instead of replacing, so repeated indices accumulate: its kernels walk rows of
-the updates along ``index_axis`` (one row per coordinate of the other axes), each row owning
-distinct base elements, so rows run in parallel and additions within a row run in order.
 
 Index values are checked on the host before any kernel runs (``check_values``: vectorised
 NumPy, ``index_range`` and ``duplicate_index``), and the kernels guard every index anyway,
@@ -25,17 +23,15 @@ from collections.abc import Sequence
 
 import attrs
 import numpy as np
-from numba import njit, prange
 
-from runtime.plugins.atomspec import AtomSpec, InferContext, Linear, Node, axes_except, every_axis
-from runtime.kernels.codegen import warm_twins
+from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, every_axis
 from runtime.plugins.kernel import CompiledCall, const_array, const_int, flat_input, flat_output, node_kernel
 from runtime.core.errors import fail
 from runtime.kernels.layout import align_to, c_strides as true_strides  # (every axis, extent 1 too)
-from runtime.core.types import TensorType, is_float
+from runtime.core.types import TensorType
 
 from ._refs import refs_for
-from . import _copy, _rows
+from . import _copy
 from .layout import BITS, _i64, _itemsize, c_strides, coalesce, compiled_copies, device_bits, flat_view, out_bits
 
 
@@ -121,28 +117,6 @@ def infer_unfold(ctx: InferContext) -> TensorType:
     return infer_scatter(ctx)
 
 
-def infer_scatter_add(ctx: InferContext) -> TensorType:
-    ctx.attr_str("mode", ("add",))
-    ctx.accumulation()
-    ctx.require_dtype(0, "floating")
-    expected = gather_type(ctx, version=2)
-    tb, tu = ctx.operands[0], ctx.operands[2]
-    if tu.axes != expected.axes:
-        ctx.mismatch(f"updates must have axes {list(expected.axes)} (the gather of base by indices), "
-                     f"got {list(tu.axes)}", 2)
-    if ctx.planning and tb.dtype != tu.dtype and is_float(tb.dtype) and is_float(tu.dtype):
-        fail("binding_dtype", f"{ctx.path}.input_slots[2]",
-             f"scatter: base is bound as {tb.dtype} but updates as {tu.dtype}; floating operands "
-             f"that must agree need one float dtype")
-    if tu.dtype != expected.dtype:  # exactly: `floating` beside a concrete float dtype is no match
-        ctx.mismatch(f"updates must have exactly the type gather(base, indices) gives: dtype "
-                     f"{expected.dtype}, got {tu.dtype}", 2)
-    ctx.require_same_dtype_domain(0, 2)
-    for a, want, got in zip(tu.axes, expected.sizes, tu.sizes):
-        ctx.require_extent(got, want, f"updates axis {a!r} against gather(base, indices)", 2)
-    return ctx.output(tb.axes, tb.sizes)
-
-
 def infer_lookup(ctx: InferContext) -> TensorType:
     tt, ti = ctx.operands
     ta = ctx.axis_of("table_axis", 0)
@@ -203,13 +177,13 @@ def check_unique(node: Node, indices: np.ndarray, k: int, index_axis: str) -> No
          f"{index_axis}={int(second)}{at}; scatter indices must be unique along {index_axis!r}")
 
 
-def _check_gather(node: Node, host: Sequence) -> None:
+def check_gather(node: Node, host: Sequence) -> None:
     axis = node.attributes["axis"]
     check_range(node, host[1], 1, node.input_types[0].size_of(axis), axis)
 
 
 def _check_scatter(node: Node, host: Sequence) -> None:
-    _check_gather(node, host)
+    check_gather(node, host)
     check_unique(node, host[1], 1, node.attributes["index_axis"])
 
 
@@ -394,148 +368,6 @@ def _cuda(node: Node):
     return run
 
 
-# --- scatter@2 (add): rows along the index axis, so repeated indices of one row add serially ---------
-
-def compute_dtype(dtype: str) -> np.dtype:
-    """The dtype scatter@2 and segment add in: float64 for float64, else float32 (§3b.1: this
-    runtime accumulates half operands in float32 under either accumulation policy)."""
-    return np.dtype(np.float64 if dtype == "float64" else np.float32)
-
-
-def float_kernel_dtype(node: Node, backend: str) -> np.dtype:
-    """float32/float64 (half operands reach these kernels widened by the planner, §3b.1)."""
-    dtype = node.output_type.dtype
-    if dtype not in ("float32", "float64"):
-        fail("backend_unavailable", node.path,
-             f"{node.atom.name} has no {backend} kernel for {dtype}; use backend='reference'")
-    return np.dtype(dtype)
-
-
-def scatter_rows(node: Node, idx_strides: Sequence[int],
-                 upd_strides: Sequence[int]) -> tuple[_rows.Rows, tuple[int, int, int]]:
-    """Rows of the updates along index_axis: (rows over updates/indices/out, their strides along
-    it). Rows address distinct base elements, so they may run in parallel."""
-    tb, ti, tu = node.input_types
-    axis, ia = node.attributes["axis"], node.attributes["index_axis"]
-    names = [a for a in tu.axes if a != ia]
-    out_strides = c_strides(tb.shape)
-    r = _rows.rows(tu, ia, [(tu, names, upd_strides), (ti, names, idx_strides), (tb, names, out_strides)])
-    return r, (_rows.along(tu, ia, upd_strides), _rows.along(ti, ia, idx_strides),
-               out_strides[tb.axes.index(axis)])
-
-
-@njit(inline="always", nogil=True)
-def _scatter_add_row(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, r):
-    off = _rows.row_offsets(r, shape, st, base)
-    bad = 0
-    for j in range(n):
-        v = idx[off[1] + j * ij]
-        if v >= 0 and v < bound:
-            out[off[2] + v * oax] += upd[off[0] + j * uj]
-        else:
-            bad += 1
-    return bad
-
-
-@njit(cache=True, nogil=True)
-def scatter_add_serial(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, count):
-    bad = 0
-    for r in range(count):
-        bad += _scatter_add_row(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, r)
-    return bad
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def scatter_add_parallel(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, count):
-    bad = 0
-    for r in prange(count):
-        bad += _scatter_add_row(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, r)
-    return bad
-
-
-def _cpu_scatter_add(node: Node):
-    dt = float_kernel_dtype(node, "cpu")
-    tu = node.input_types[2]
-    ia = node.attributes["index_axis"]
-    n, bound = tu.size_of(ia), node.input_types[0].size_of(node.attributes["axis"])
-    prepared: dict[tuple, tuple] = {}
-
-    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
-        np.copyto(out, inputs[0])
-        upd, uoff, ust = flat_view(inputs[2])
-        idx, ioff, ist = flat_view(inputs[1])
-        key = (ust, ist)
-        args = prepared.get(key)
-        if args is None:
-            r, (uj, ij, oax) = scatter_rows(node, ist, ust)
-            kernel = scatter_add_parallel if _rows.parallel_rows(r.count, tu.elements) else scatter_add_serial
-            args = prepared[key] = (kernel, r, uj, ij, oax)
-        kernel, r, uj, ij, oax = args
-        bad = kernel(upd.view(dt), idx.view(np.int64), out.reshape(-1), r.shape, r.strides,
-                     _i64([uoff, ioff, 0]), uj, ij, oax, n, bound, r.count)
-        if bad:  # only reachable when check_values was skipped: re-run it for the precise error
-            _check_gather(node, [None, inputs[1]])
-    run.warm = lambda: warm_twins(scatter_add_serial, scatter_add_parallel)
-    return run
-
-
-CUDA_SCATTER_ADD_SOURCE = '''"""Generated by atoms.indexing: scatter-add, one thread per row along the index axis."""
-from numba import cuda
-
-from atoms._rows_cuda import row_offset
-
-
-@cuda.jit(cache=True)
-def kernel(upd, idx, out, shape, st, uj, ij, oax, n, bound, count):
-    t = cuda.grid(1)
-    step = cuda.gridsize(1)
-    while t < count:
-        u = row_offset(t, shape, st, 0)
-        x = row_offset(t, shape, st, 1)
-        o = row_offset(t, shape, st, 2)
-        for j in range(n):
-            v = idx[x + j * ij]
-            if v >= 0 and v < bound:
-                out[o + v * oax] += upd[u + j * uj]
-        t += step
-'''
-
-
-def _cuda_scatter_add(node: Node):
-    from numba import cuda
-
-    from runtime.backends.cuda_codegen import SpaceKernel
-
-    float_kernel_dtype(node, "cuda")
-    tb, ti, tu = node.input_types
-    kernel = SpaceKernel("cuscatteradd", CUDA_SCATTER_ADD_SOURCE)
-    r, (uj, ij, oax) = scatter_rows(node, c_strides(ti.shape), c_strides(tu.shape))
-    shape, st = cuda.to_device(r.shape), cuda.to_device(r.strides)
-    n, bound = tu.size_of(node.attributes["index_axis"]), tb.size_of(node.attributes["axis"])
-
-    def run(inputs, out) -> None:
-        flat = out.reshape((max(1, tb.elements),))
-        flat.copy_to_device(device_bits(inputs[0]).view(out.dtype))
-        kernel([device_bits(inputs[2]).view(out.dtype), device_bits(inputs[1]).view(np.int64), flat,
-                shape, st, uj, ij, oax, n, bound, r.count], r.count)
-    return run
-
-
-def _ref_scatter_add(node: Node):
-    tb, ti, tu = node.input_types
-    p = tb.axes.index(node.attributes["axis"])
-    c = compute_dtype(tb.dtype)
-
-    def run(inputs, out):
-        _check_gather(node, inputs)
-        acc = np.array(inputs[0], dtype=c)
-        where = list(np.indices(tu.shape, sparse=True))
-        where[p] = align_to(np.asarray(inputs[1]), ti, tu)
-        np.add.at(acc, tuple(where), np.asarray(inputs[2]).astype(c))
-        out[...] = acc.astype(out.dtype)
-    return run
-
-
 # --- reference ---------------------------------------------------------------------------------------
 
 def _ref_gather(node: Node):
@@ -543,7 +375,7 @@ def _ref_gather(node: Node):
     p = tv.axes.index(node.attributes["axis"])
 
     def run(inputs, out):
-        _check_gather(node, inputs)
+        check_gather(node, inputs)
         full = align_to(np.asarray(inputs[1]), ti, node.output_type)
         out[...] = np.take_along_axis(np.asarray(inputs[0]), full, axis=p)
     return run
@@ -573,39 +405,24 @@ def _ref_lookup(node: Node):
     return run
 
 
-CHECKS = {"gather": _check_gather, "scatter": _check_scatter, "lookup": _check_lookup, "fold": _check_gather,
+CHECKS = {"gather": check_gather, "scatter": _check_scatter, "lookup": _check_lookup, "fold": check_gather,
           "unfold": _check_scatter}
 
 GATHER_HALF_NATIVE = frozenset({"cpu", "cuda"})  # copies by item size: half values move as bits (also unfold)
-
-def linear_scatter_add(node: Node) -> Linear:
-    """base + Σ over index_axis of each update added at its index: linear in base and updates
-    together (indices fixed), a sum over index_axis."""
-    axis = node.attributes["index_axis"]
-    return Linear((0, 2), True, (((1, axis), (2, axis)),))
-
 
 SPECS = [
     AtomSpec(name="gather", refs=refs_for("gather", 2), inputs=("value", "indices"),
              dtypes={"value": "any", "indices": "int64"},
              attributes=frozenset({"axis", "index_axis"}), infer=infer_gather2,
              kernels={"reference": node_kernel(_ref_gather), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
-             check_values=_check_gather, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
+             check_values=check_gather, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
              free_axes=every_axis,
              summary="value entries (any dtype) along one axis picked by int64 indices, repeats allowed"),
-    AtomSpec(name="scatter", refs=refs_for("scatter", 2), inputs=("base", "indices", "updates"),
-             dtypes={"base": "floating", "indices": "int64", "updates": "floating"},
-             attributes=frozenset({"axis", "index_axis", "mode", "accumulation_dtype"}),
-             infer=infer_scatter_add,
-             kernels={"reference": node_kernel(_ref_scatter_add), "cpu": node_kernel(_cpu_scatter_add), "cuda": node_kernel(_cuda_scatter_add)},
-             check_values=_check_gather, checked_inputs=(1,),
-             free_axes=axes_except("axis"), linear=linear_scatter_add,
-             summary="base plus updates added at indexed positions (repeated indices accumulate)"),
     AtomSpec(name="fold", refs=("arti/fold@2",), inputs=("value", "indices"),
              dtypes={"value": "floating|boolean", "indices": "int64"},
              attributes=frozenset({"axis", "index_axis", *FOLD_REFS}), infer=infer_fold,
              kernels={"reference": node_kernel(_ref_gather), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
-             check_values=_check_gather, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
+             check_values=check_gather, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
              free_axes=every_axis,
              summary="legacy arti fold: gather of SPEC §3"),
     AtomSpec(name="unfold", refs=("arti/unfold@2",), inputs=("base", "indices", "updates"),
@@ -619,7 +436,7 @@ SPECS = [
              dtypes={"value": "floating|boolean", "indices": "int64"},
              attributes=frozenset({"axis", "index_axis"}), infer=infer_gather,
              kernels={"reference": node_kernel(_ref_gather), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
-             check_values=_check_gather, checked_inputs=(1,),
+             check_values=check_gather, checked_inputs=(1,),
              free_axes=every_axis,
              summary="value entries along one axis picked by int64 indices (range-checked)"),
     AtomSpec(name="scatter", refs=refs_for("scatter"), inputs=("base", "indices", "updates"),

@@ -26,7 +26,7 @@ from runtime.core.types import TensorType
 from . import _rows
 from ._refs import refs_for
 from .elementwise import require_mask
-from .indexing import compute_dtype, float_kernel_dtype
+from .scatter_add import compute_dtype, float_kernel_dtype
 from .layout import _i64, c_strides, device_bits, flat_view
 from .window import _new_axis, bounded_int
 

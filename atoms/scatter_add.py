@@ -1,0 +1,205 @@
+"""scatter@2 (SPEC §3b): base plus updates added at indexed positions, repeated indices
+accumulating. Its kernels walk rows of the updates along ``index_axis`` (one row per
+coordinate of the other axes, ``atoms._rows``), each row owning distinct base elements, so
+rows run in parallel and additions within a row run in order. Index values are checked on the
+host first (``atoms.indexing.check_range``), and the kernels guard every index anyway.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numba import njit, prange
+
+from runtime.core.errors import fail
+from runtime.core.types import TensorType, is_float
+from runtime.kernels.codegen import warm_twins
+from runtime.kernels.layout import align_to
+from runtime.plugins.atomspec import AtomSpec, InferContext, Linear, Node, axes_except
+from runtime.plugins.kernel import node_kernel
+
+from . import _rows
+from ._refs import refs_for
+from .indexing import check_gather, gather_type
+from .layout import _i64, c_strides, device_bits, flat_view
+
+
+def infer_scatter_add(ctx: InferContext) -> TensorType:
+    ctx.attr_str("mode", ("add",))
+    ctx.accumulation()
+    ctx.require_dtype(0, "floating")
+    expected = gather_type(ctx, version=2)
+    tb, tu = ctx.operands[0], ctx.operands[2]
+    if tu.axes != expected.axes:
+        ctx.mismatch(f"updates must have axes {list(expected.axes)} (the gather of base by indices), "
+                     f"got {list(tu.axes)}", 2)
+    if ctx.planning and tb.dtype != tu.dtype and is_float(tb.dtype) and is_float(tu.dtype):
+        fail("binding_dtype", f"{ctx.path}.input_slots[2]",
+             f"scatter: base is bound as {tb.dtype} but updates as {tu.dtype}; floating operands "
+             f"that must agree need one float dtype")
+    if tu.dtype != expected.dtype:  # exactly: `floating` beside a concrete float dtype is no match
+        ctx.mismatch(f"updates must have exactly the type gather(base, indices) gives: dtype "
+                     f"{expected.dtype}, got {tu.dtype}", 2)
+    ctx.require_same_dtype_domain(0, 2)
+    for a, want, got in zip(tu.axes, expected.sizes, tu.sizes):
+        ctx.require_extent(got, want, f"updates axis {a!r} against gather(base, indices)", 2)
+    return ctx.output(tb.axes, tb.sizes)
+
+
+def compute_dtype(dtype: str) -> np.dtype:
+    """The dtype scatter@2 and segment add in: float64 for float64, else float32 (§3b.1: this
+    runtime accumulates half operands in float32 under either accumulation policy)."""
+    return np.dtype(np.float64 if dtype == "float64" else np.float32)
+
+
+def float_kernel_dtype(node: Node, backend: str) -> np.dtype:
+    """float32/float64 (half operands reach these kernels widened by the planner, §3b.1)."""
+    dtype = node.output_type.dtype
+    if dtype not in ("float32", "float64"):
+        fail("backend_unavailable", node.path,
+             f"{node.atom.name} has no {backend} kernel for {dtype}; use backend='reference'")
+    return np.dtype(dtype)
+
+
+def scatter_rows(node: Node, idx_strides: Sequence[int],
+                 upd_strides: Sequence[int]) -> tuple[_rows.Rows, tuple[int, int, int]]:
+    """Rows of the updates along index_axis: (rows over updates/indices/out, their strides along
+    it). Rows address distinct base elements, so they may run in parallel."""
+    tb, ti, tu = node.input_types
+    axis, ia = node.attributes["axis"], node.attributes["index_axis"]
+    names = [a for a in tu.axes if a != ia]
+    out_strides = c_strides(tb.shape)
+    r = _rows.rows(tu, ia, [(tu, names, upd_strides), (ti, names, idx_strides), (tb, names, out_strides)])
+    return r, (_rows.along(tu, ia, upd_strides), _rows.along(ti, ia, idx_strides),
+               out_strides[tb.axes.index(axis)])
+
+
+@njit(inline="always", nogil=True)
+def _scatter_add_row(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, r):
+    off = _rows.row_offsets(r, shape, st, base)
+    bad = 0
+    for j in range(n):
+        v = idx[off[1] + j * ij]
+        if v >= 0 and v < bound:
+            out[off[2] + v * oax] += upd[off[0] + j * uj]
+        else:
+            bad += 1
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def scatter_add_serial(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, count):
+    bad = 0
+    for r in range(count):
+        bad += _scatter_add_row(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, r)
+    return bad
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def scatter_add_parallel(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, count):
+    bad = 0
+    for r in prange(count):
+        bad += _scatter_add_row(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, r)
+    return bad
+
+
+def _cpu_scatter_add(node: Node):
+    dt = float_kernel_dtype(node, "cpu")
+    tu = node.input_types[2]
+    ia = node.attributes["index_axis"]
+    n, bound = tu.size_of(ia), node.input_types[0].size_of(node.attributes["axis"])
+    prepared: dict[tuple, tuple] = {}
+
+    def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        np.copyto(out, inputs[0])
+        upd, uoff, ust = flat_view(inputs[2])
+        idx, ioff, ist = flat_view(inputs[1])
+        key = (ust, ist)
+        args = prepared.get(key)
+        if args is None:
+            r, (uj, ij, oax) = scatter_rows(node, ist, ust)
+            kernel = scatter_add_parallel if _rows.parallel_rows(r.count, tu.elements) else scatter_add_serial
+            args = prepared[key] = (kernel, r, uj, ij, oax)
+        kernel, r, uj, ij, oax = args
+        bad = kernel(upd.view(dt), idx.view(np.int64), out.reshape(-1), r.shape, r.strides,
+                     _i64([uoff, ioff, 0]), uj, ij, oax, n, bound, r.count)
+        if bad:  # only reachable when check_values was skipped: re-run it for the precise error
+            check_gather(node, [None, inputs[1]])
+    run.warm = lambda: warm_twins(scatter_add_serial, scatter_add_parallel)
+    return run
+
+
+CUDA_SCATTER_ADD_SOURCE = '''"""Generated by atoms.scatter_add: scatter-add, one thread per row along the index axis."""
+from numba import cuda
+
+from atoms._rows_cuda import row_offset
+
+
+@cuda.jit(cache=True)
+def kernel(upd, idx, out, shape, st, uj, ij, oax, n, bound, count):
+    t = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while t < count:
+        u = row_offset(t, shape, st, 0)
+        x = row_offset(t, shape, st, 1)
+        o = row_offset(t, shape, st, 2)
+        for j in range(n):
+            v = idx[x + j * ij]
+            if v >= 0 and v < bound:
+                out[o + v * oax] += upd[u + j * uj]
+        t += step
+'''
+
+
+def _cuda_scatter_add(node: Node):
+    from numba import cuda
+
+    from runtime.backends.cuda_codegen import SpaceKernel
+
+    float_kernel_dtype(node, "cuda")
+    tb, ti, tu = node.input_types
+    kernel = SpaceKernel("cuscatteradd", CUDA_SCATTER_ADD_SOURCE)
+    r, (uj, ij, oax) = scatter_rows(node, c_strides(ti.shape), c_strides(tu.shape))
+    shape, st = cuda.to_device(r.shape), cuda.to_device(r.strides)
+    n, bound = tu.size_of(node.attributes["index_axis"]), tb.size_of(node.attributes["axis"])
+
+    def run(inputs, out) -> None:
+        flat = out.reshape((max(1, tb.elements),))
+        flat.copy_to_device(device_bits(inputs[0]).view(out.dtype))
+        kernel([device_bits(inputs[2]).view(out.dtype), device_bits(inputs[1]).view(np.int64), flat,
+                shape, st, uj, ij, oax, n, bound, r.count], r.count)
+    return run
+
+
+def _ref_scatter_add(node: Node):
+    tb, ti, tu = node.input_types
+    p = tb.axes.index(node.attributes["axis"])
+    c = compute_dtype(tb.dtype)
+
+    def run(inputs, out):
+        check_gather(node, inputs)
+        acc = np.array(inputs[0], dtype=c)
+        where = list(np.indices(tu.shape, sparse=True))
+        where[p] = align_to(np.asarray(inputs[1]), ti, tu)
+        np.add.at(acc, tuple(where), np.asarray(inputs[2]).astype(c))
+        out[...] = acc.astype(out.dtype)
+    return run
+
+
+def linear_scatter_add(node: Node) -> Linear:
+    """base + Σ over index_axis of each update added at its index: linear in base and updates
+    together (indices fixed), a sum over index_axis."""
+    axis = node.attributes["index_axis"]
+    return Linear((0, 2), True, (((1, axis), (2, axis)),))
+
+
+SPECS = [
+    AtomSpec(name="scatter", refs=refs_for("scatter", 2), inputs=("base", "indices", "updates"),
+             dtypes={"base": "floating", "indices": "int64", "updates": "floating"},
+             attributes=frozenset({"axis", "index_axis", "mode", "accumulation_dtype"}),
+             infer=infer_scatter_add,
+             kernels={"reference": node_kernel(_ref_scatter_add), "cpu": node_kernel(_cpu_scatter_add), "cuda": node_kernel(_cuda_scatter_add)},
+             check_values=check_gather, checked_inputs=(1,),
+             free_axes=axes_except("axis"), linear=linear_scatter_add,
+             summary="base plus updates added at indexed positions (repeated indices accumulate)"),
+]
