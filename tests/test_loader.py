@@ -188,6 +188,11 @@ def test_mangled_json_text_stays_a_json_error_and_a_mistyped_name_is_unreadable(
     with pytest.raises(runtime.FormulaError) as err:
         runtime.load_program(':{"schema_ref": "arti/formula-program@2"}')
     assert err.value.code == "schema"
-    with pytest.raises(runtime.FormulaError) as err:
-        runtime.load_program("nope.program.json")
-    assert err.value.code == "program_unreadable"
+    for text in ("", "   ", "not json"):
+        with pytest.raises(runtime.FormulaError) as err:
+            runtime.load_program(text)
+        assert err.value.code == "schema", text
+    for name in ("nope.program.json", "no/such/dir/program"):
+        with pytest.raises(runtime.FormulaError) as err:
+            runtime.load_program(name)
+        assert err.value.code == "program_unreadable", name

@@ -80,8 +80,11 @@ def read_source(src: Any, max_bytes: int | None = None) -> Any:
 
 
 def _looks_like_path(text: str) -> bool:
-    """One line, no JSON brackets, within PATH_MAX: what a mistyped file name looks like."""
-    return len(text) < 4096 and not any(c in text for c in "\n{}[]")
+    """What a mistyped file name looks like: one line within PATH_MAX, no JSON brackets, and a
+    directory separator or a ``.json`` ending (other non-JSON text stays a JSON error)."""
+    name = text.strip()
+    return (0 < len(name) < 4096 and not any(c in name for c in "\n{}[]")
+            and ("/" in name or "\\" in name or name.lower().endswith(".json")))
 
 
 def _exists(text: str) -> bool:
