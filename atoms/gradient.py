@@ -27,7 +27,7 @@ from numba import njit, prange
 
 from runtime.core.errors import fail, json_kind
 from runtime.core.types import HALF_DTYPES, TensorType, dtypes_compatible, is_float, numpy_dtype
-from runtime.kernels.codegen import warm_twins
+from runtime.kernels.twins import Twins
 from runtime.plugins.atomspec import (AtomSpec, InferContext, Linear, Node, ScalarOp, axes_except, every_axis)
 from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, const_array, const_int, flat_input, flat_output,
                                     node_kernel)
@@ -216,13 +216,16 @@ def fill_parallel(dst, bits):
         dst[i] = value
 
 
+FILL = Twins(fill_serial, fill_parallel)
+
+
 def _cpu_fill(node: Node):
     bits = _fill_bits(node)
-    kernel = fill_parallel if node.output_type.elements >= _rows.PARALLEL_MIN_ELEMENTS else fill_serial
+    kernel = FILL.pick(node.output_type.elements >= _rows.PARALLEL_MIN_ELEMENTS)
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         kernel(out_bits(out), bits)
-    run.warm = lambda: warm_twins(fill_serial, fill_parallel)
+    run.warm = FILL.warm
     if _compilable(node.output_type):  # the reference is no parameter: its type does not matter
         run.compiled = CompiledCall(kernel, (flat_output(view=bits.dtype.name), const_array(bits)))
     return run
@@ -453,6 +456,9 @@ def masked_softmax_vjp_parallel(y, g, dst, shape, st, base, ys, gs, os, n, count
         _msv_row(y, g, dst, shape, st, base, ys, gs, os, n, r)
 
 
+MASKED_SOFTMAX_VJP = Twins(masked_softmax_vjp_serial, masked_softmax_vjp_parallel)
+
+
 def _msv_rows(node: Node, ystr: Sequence[int], gstr: Sequence[int]):
     t, axis = node.input_types[0], node.attributes["axis"]
     ostr = c_strides(t.shape)
@@ -471,16 +477,15 @@ def _cpu_masked_softmax_vjp(node: Node):
         if args is None:
             r, along = _msv_rows(node, ystr, gstr)
             parallel = _rows.parallel_rows(r.count, node.output_type.elements)
-            kernel = masked_softmax_vjp_parallel if parallel else masked_softmax_vjp_serial
+            kernel = MASKED_SOFTMAX_VJP.pick(parallel)
             args = prepared[(ystr, gstr)] = (kernel, r, along)
         kernel, r, (ys, gs, os) = args
         kernel(y, g, _flat_out(out), r.shape, r.strides, _i64([yo, go, 0]), ys, gs, os, n, r.count)
-    run.warm = lambda: warm_twins(masked_softmax_vjp_serial, masked_softmax_vjp_parallel)
+    run.warm = MASKED_SOFTMAX_VJP.warm
     if _compilable(*node.input_types, node.output_type):  # C-contiguous operands: their C strides
         strides = c_strides(node.input_types[0].shape)
         r, along = _msv_rows(node, strides, strides)
-        kernel = masked_softmax_vjp_parallel if _rows.parallel_rows(r.count, node.output_type.elements) \
-            else masked_softmax_vjp_serial
+        kernel = MASKED_SOFTMAX_VJP.pick(_rows.parallel_rows(r.count, node.output_type.elements))
         run.compiled = CompiledCall(kernel, (flat_input(0), flat_input(1), FLAT_OUTPUT, const_array(r.shape),
                                              const_array(r.strides), const_array(_i64([0, 0, 0])),
                                              *map(const_int, (*along, n, r.count))))
@@ -581,6 +586,9 @@ def slice_vjp_parallel(src, dst, shape, st, base, gs, os, n, m, start, step, cou
         _slice_vjp_row(src, dst, shape, st, base, gs, os, n, m, start, step, r)
 
 
+SLICE_VJP = Twins(slice_vjp_serial, slice_vjp_parallel)
+
+
 def _slice_geometry(node: Node) -> tuple[int, int, int, int]:
     """(n, m, start, step): the reference's extent along the axis, the cotangent's, the slice."""
     a, t = node.attributes, node.input_types[1]
@@ -604,14 +612,14 @@ def _cpu_slice_vjp(node: Node):
         args = prepared.get(strides)
         if args is None:
             r, along = _slice_vjp_rows(node, strides)
-            kernel = slice_vjp_parallel if _rows.parallel_rows(r.count, node.output_type.elements) else slice_vjp_serial
+            kernel = SLICE_VJP.pick(_rows.parallel_rows(r.count, node.output_type.elements))
             args = prepared[strides] = (kernel, r, along)
         kernel, r, (gs, os) = args
         kernel(src, out_bits(out), r.shape, r.strides, _i64([off, 0]), gs, os, *geometry, r.count)
-    run.warm = lambda: warm_twins(slice_vjp_serial, slice_vjp_parallel)
+    run.warm = SLICE_VJP.warm
     if _compilable(*node.input_types, node.output_type):
         r, along = _slice_vjp_rows(node, c_strides(node.input_types[0].shape))
-        kernel = slice_vjp_parallel if _rows.parallel_rows(r.count, node.output_type.elements) else slice_vjp_serial
+        kernel = SLICE_VJP.pick(_rows.parallel_rows(r.count, node.output_type.elements))
         bits = BITS[numpy_dtype(node.output_type.dtype).itemsize].__name__
         run.compiled = CompiledCall(kernel, (flat_input(0, view=bits), flat_output(view=bits), const_array(r.shape),
                                              const_array(r.strides), const_array(_i64([0, 0])),
@@ -728,6 +736,9 @@ def window_vjp_parallel(src, dst, shape, st, base, gp, gk, os, n, p, k, s, d, le
         _window_vjp_row(src, dst, shape, st, base, gp, gk, os, n, p, k, s, d, left, r)
 
 
+WINDOW_VJP = Twins(window_vjp_serial, window_vjp_parallel)
+
+
 def _window_vjp_rows(node: Node, gstr: Sequence[int]):
     g, t, a = node.input_types[0], node.output_type, node.attributes
     ostr = c_strides(t.shape)
@@ -747,15 +758,14 @@ def _cpu_window_vjp(node: Node):
         args = prepared.get(strides)
         if args is None:
             r, along = _window_vjp_rows(node, strides)
-            kernel = window_vjp_parallel if _rows.parallel_rows(r.count, node.output_type.elements) \
-                else window_vjp_serial
+            kernel = WINDOW_VJP.pick(_rows.parallel_rows(r.count, node.output_type.elements))
             args = prepared[strides] = (kernel, r, along)
         kernel, r, (gp, gk, os) = args
         kernel(src, _flat_out(out), r.shape, r.strides, _i64([off, 0]), gp, gk, os, *geometry, r.count)
-    run.warm = lambda: warm_twins(window_vjp_serial, window_vjp_parallel)
+    run.warm = WINDOW_VJP.warm
     if _compilable(*node.input_types, node.output_type):
         r, along = _window_vjp_rows(node, c_strides(node.input_types[0].shape))
-        kernel = window_vjp_parallel if _rows.parallel_rows(r.count, node.output_type.elements) else window_vjp_serial
+        kernel = WINDOW_VJP.pick(_rows.parallel_rows(r.count, node.output_type.elements))
         run.compiled = CompiledCall(kernel, (flat_input(0), FLAT_OUTPUT, const_array(r.shape), const_array(r.strides),
                                              const_array(_i64([0, 0])), *map(const_int, (*along, *geometry, r.count))))
     return run

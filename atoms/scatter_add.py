@@ -13,7 +13,7 @@ from numba import njit, prange
 
 from runtime.core.errors import fail
 from runtime.core.types import TensorType, is_float
-from runtime.kernels.codegen import warm_twins
+from runtime.kernels.twins import Twins
 from runtime.kernels.layout import align_to
 from runtime.plugins.atomspec import AtomSpec, InferContext, Linear, Node, axes_except
 from runtime.plugins.kernel import node_kernel
@@ -103,6 +103,9 @@ def scatter_add_parallel(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, 
     return bad
 
 
+SCATTER_ADD = Twins(scatter_add_serial, scatter_add_parallel)
+
+
 def _cpu_scatter_add(node: Node):
     dt = float_kernel_dtype(node, "cpu")
     tu = node.input_types[2]
@@ -118,14 +121,14 @@ def _cpu_scatter_add(node: Node):
         args = prepared.get(key)
         if args is None:
             r, (uj, ij, oax) = scatter_rows(node, ist, ust)
-            kernel = scatter_add_parallel if _rows.parallel_rows(r.count, tu.elements) else scatter_add_serial
+            kernel = SCATTER_ADD.pick(_rows.parallel_rows(r.count, tu.elements))
             args = prepared[key] = (kernel, r, uj, ij, oax)
         kernel, r, uj, ij, oax = args
         bad = kernel(upd.view(dt), idx.view(np.int64), out.reshape(-1), r.shape, r.strides,
                      _i64([uoff, ioff, 0]), uj, ij, oax, n, bound, r.count)
         if bad:  # only reachable when check_values was skipped: re-run it for the precise error
             check_gather(node, [None, inputs[1]])
-    run.warm = lambda: warm_twins(scatter_add_serial, scatter_add_parallel)
+    run.warm = SCATTER_ADD.warm
     return run
 
 
