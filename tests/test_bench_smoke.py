@@ -150,9 +150,9 @@ def test_rounds_report_the_median_round_per_case():
 
 
 def test_ab_seed_variants_build_and_compute_the_seed():
-    """Every side-by-side variant of bench/ab_seed.py builds (its patch names something that
+    """Every side-by-side variant of bench/lab/ab_seed.py builds (its patch names something that
     exists) and still computes the seed; the switched-off mechanisms change speed only."""
-    from bench import ab_seed
+    from bench.lab import ab_seed
 
     inputs, banks = ab_seed.seed_values(300)
     table = ab_seed.variants(inputs, banks)

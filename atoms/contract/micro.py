@@ -46,7 +46,7 @@ BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
 BLOCKED_MR, BLOCKED_NV = (4, 4) if simd.WIDE_BYTES == 64 else (6, 2)
 BLOCKED_KC = 256
 # below these, BLAS is as fast or faster: packing costs about what the register tile saves
-# (docs/performance.md: bench/tools/gemm_forms.py)
+# (docs/performance.md: bench/lab/gemm_forms.py)
 BLOCKED_MIN_N, BLOCKED_MIN_K = 256, 128
 # bcast and blocked from 5 rows on (fewer call gemv per row, tiles.GEMV_ROWS), not from 32 and
 # 12: OpenBLAS's gemm on Haswell or Zen computes an element in an order that depends on the
@@ -291,7 +291,7 @@ def blocked_tile(dt: str, pad: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, 
     rows rounded up to whole strips (padding rows are zero). Every element is one chain of
     FMAs in K order, whichever tile and strip hold it: a slice of a run computes it alike.
     The shape parameters (``lanes``: of the vector operations in scope, by default the
-    ``WIDE_BYTES`` ones) are the runtime's; bench/tools/blocked_tile_ab.py varies them."""
+    ``WIDE_BYTES`` ones) are the runtime's; bench/lab/blocked_tile_ab.py varies them."""
     lanes = lanes or simd.lanes(dt, wide=True)
     nr = nv * lanes
     R, V = range(mr), range(nv)

@@ -179,7 +179,7 @@ CONTRACT_BLOCKED_TILES = _tuning(
     "Tiles per thread of the blocked (packed right operand) GEMM.",
     "Blocked tiles share one packed right operand, so more tiles cost only a little reuse, and two "
     "per thread let a worker on a busy core take fewer; 1, 2 and 4 measured alike on an idle machine.",
-    "`python bench/tools/block_settings_ab.py B1-S128 --set FORMULA_CONTRACT_BLOCKED_TILES=1,2,4 "
+    "`python bench/lab/block_settings_ab.py B1-S128 --set FORMULA_CONTRACT_BLOCKED_TILES=1,2,4 "
     "--reps 15 --rounds 4`, and with `--noisy` (the third session; figures in docs/performance.md at "
     "commit ff5d359).")
 CONTRACT_PACK_ROWS = _tuning(
@@ -188,7 +188,7 @@ CONTRACT_PACK_ROWS = _tuning(
     "PACKED_RIGHT_BYTES, 1 MiB); 0 turns it off.",
     "Every BLAS call packs the whole right operand, so longer tiles re-pack it less often; 512 keeps "
     "a worker's tile result at 8 MiB for N = 4096.",
-    "`python bench/tools/block_settings_ab.py mlp-T4096-D1024-F4096 --reps 5 --set "
+    "`python bench/lab/block_settings_ab.py mlp-T4096-D1024-F4096 --reps 5 --set "
     "FORMULA_CONTRACT_PACK_ROWS=0,256,1024` (figures in docs/performance.md at commit a3e1f64).")
 REDUCE_PARALLEL_MIN = _tuning(
     "FORMULA_REDUCE_PARALLEL_MIN", 1 << 18, "atoms/reduce.py (PARALLEL_MIN_WORK)",
@@ -230,7 +230,7 @@ PIN_THREADS = declare(Setting(
     "Off: in the benchmark harness's quiet seed runs pinned threads once ran 1.6× slower in three "
     "processes of six, and later a little slower in four alternating pairs of five, for a reason "
     "not found yet; pinned helps beside a busy core.",
-    "`python bench/tools/block_settings_ab.py <case> --set FORMULA_PIN_THREADS=0,1 --noisy` and "
+    "`python bench/lab/block_settings_ab.py <case> --set FORMULA_PIN_THREADS=0,1 --noisy` and "
     "`FORMULA_PIN_THREADS=0|1 python bench/run.py --suites seed --contenders cpu --coldstart none` "
     "(docs/performance.md).", "0 (not pinned)"))
 COMPILE_NICE = declare(Setting(

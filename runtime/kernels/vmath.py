@@ -30,7 +30,7 @@ literals would otherwise start) and takes ½x·erfc(|t|) for the negative tail i
 in 1/(1 + |t|) (no per-piece coefficient selects): measured within 4.4 ulp of x·Φ(x) over
 every float32 in [-15.5, -1] (the negative tail, subnormal results included), within 1.5
 ulp for 10⁻³⁰ ≤ |x| < 1 and 1.3 ulp for x in [1, 10] (every float32 of each range:
-bench/tools/gelu_ulp.py). float64 arguments keep the formula with
+bench/lab/gelu_ulp.py). float64 arguments keep the formula with
 :func:`verf`.
 
 :func:`vlog` and :func:`vlog1p` are fdlibm's log (the mantissa's log by a degree-14 odd
@@ -205,7 +205,7 @@ def _with_sign_of(magnitude, x):
 
 
 # --- erf and tanh ---------------------------------------------------------------------------
-# Coefficients from bench/tools/fit_vmath.py (least squares on Chebyshev nodes; its docstring
+# Coefficients from bench/lab/fit_vmath.py (least squares on Chebyshev nodes; its docstring
 # gives the forms). Every branch is computed and one is selected per element, so loops around
 # these functions vectorise (LLVM if-converts the selects).
 
@@ -392,7 +392,7 @@ GELU_EXPR = "(0.5 * {0} * (1.0 + math.erf({0} * 0.7071067811865476)))"
 _GELU_CALL = re.compile(re.escape(GELU_EXPR).replace(re.escape("{0}"), r"([A-Za-z_]\w*)", 1)
                         .replace(re.escape("{0}"), r"\1"))
 
-# bench/tools/fit_vmath.py (float32 coefficients): erf(t) = t + t·P(t²) on |t| < 0.75 (degree
+# bench/lab/fit_vmath.py (float32 coefficients): erf(t) = t + t·P(t²) on |t| < 0.75 (degree
 # 5), and erfcx(a) = w·G(u) on [0.75, 10.2], w = 1/(1 + a), u = (w − centre)·scale (degree 9)
 _ERF32_SMALL = (
     0.12837916612625122, -0.376126229763031, 0.11283428221940994, -0.02683696523308754,

@@ -396,7 +396,7 @@ def force_form(monkeypatch, form):
 def test_blocked_tile_generator_at_each_register_shape(mr, nv, lanes):
     """The blocked tile at either host's shape (4 x 4 with AVX-512, 6 x 2 without) and vector
     width, whichever this host picks: rows off whole strips, columns off panels, K over a slice."""
-    from bench.tools.blocked_tile_ab import make, pack
+    from bench.lab.blocked_tile_ab import make, pack
 
     gemm, nr = make(mr, nv, lanes, 256)
     rng = np.random.default_rng(mr * 100 + nv * 10 + lanes)

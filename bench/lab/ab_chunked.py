@@ -1,6 +1,6 @@
 """Interleaved rounds: whole vs chunked runs of the seed (float32, B=16, S=512), min and median ms.
 
-    NUMBA_NUM_THREADS=1 python bench/tools/ab_chunked.py [ROUNDS]     (from the repository root)
+    NUMBA_NUM_THREADS=1 python bench/lab/ab_chunked.py [ROUNDS]     (from the repository root)
 
 Cases: the whole run; ``chunks="auto"`` under max_working_bytes a quarter of the whole working
 set; slices of 4 and of 1 batch rows. Every case's result is checked bit for bit against the

@@ -4,8 +4,8 @@ slice; the right operand packed in panels once, outside the timing) for tiles of
 vectors of LANES floats, K slices of KC and row tiles of TM, over the shapes of a transformer
 block's MLP and projections.
 
-    python bench/tools/blocked_tile_ab.py
-    python bench/tools/blocked_tile_ab.py --shapes 128,512,512 --configs 4,4,16,64,32 4,4,16,256,32
+    python bench/lab/blocked_tile_ab.py
+    python bench/lab/blocked_tile_ab.py --shapes 128,512,512 --configs 4,4,16,64,32 4,4,16,256,32
 
 This is the experiment behind ``atoms.contract.micro``'s BLOCKED_MR, BLOCKED_NV, BLOCKED_KC and
 BLOCKED_MIN_TM (docs/performance.md, tuning log); it calls the tile from a plain loop, so it

@@ -4,8 +4,8 @@ interleaved in one process, each executable checked bitwise against the first; 1
 50th percentiles in µs. For a tuning constant, or an experiment's switch with its patch
 applied (as the experiment patches at commit 1168164 were).
 
-    python bench/tools/ab_constant.py 256 atoms.contract.tiles EPILOGUE_PREFETCH 0,4,8 --reps 2000
-    python bench/tools/ab_constant.py 1024 atoms.contract.micro PACK_LEFT_MIN_PANELS 16,1073741824
+    python bench/lab/ab_constant.py 256 atoms.contract.tiles EPILOGUE_PREFETCH 0,4,8 --reps 2000
+    python bench/lab/ab_constant.py 1024 atoms.contract.micro PACK_LEFT_MIN_PANELS 16,1073741824
 """
 import argparse
 import importlib
@@ -17,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.ab_seed import built, seed_values  # noqa: E402
+from bench.lab.ab_seed import built, seed_values  # noqa: E402
 from runtime.execution.executor import DRIVER_AFTER_RUNS  # noqa: E402
 
 

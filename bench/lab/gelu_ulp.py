@@ -4,7 +4,7 @@ and x·Φ(x) evaluated in float64 through scipy's erfc (tests/test_vmath.py's or
 ranges are those the vmath docstring states bounds for; tests/test_vmath.py checks every 7th
 float32 of the negative tail and a sample of the rest.
 
-    python bench/tools/gelu_ulp.py [--range LO HI ...]
+    python bench/lab/gelu_ulp.py [--range LO HI ...]
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 and as repeated runs do them), and
 group 2 into a reused vs a fresh output array (first touch). One process, cpu backend.
 
-    python bench/trace_seed.py 8192
+    python bench/lab/trace_seed.py 8192
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import runtime
 from runtime.execution.bindings import bind_values
 
-SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
+SEED = Path(__file__).resolve().parents[2] / "examples" / "seed-lora-silu.program.json"
 
 
 def median_ms(fn, reps: int) -> float:

@@ -1,8 +1,8 @@
 """Seconds from an empty kernel cache to the first result, untiered, in this process (imports
 excluded): what a deployment without `formula compile` pays once per program and dtypes.
 
-    python bench/tools/cold_compile.py 256          # the seed at T=256
-    python bench/tools/cold_compile.py block 512    # the transformer block (D=512, 8 heads, MLP 2048) at S=512
+    python bench/lab/cold_compile.py 256          # the seed at T=256
+    python bench/lab/cold_compile.py block 512    # the transformer block (D=512, 8 heads, MLP 2048) at S=512
 
 Run it in each tree to compare (it imports the runtime from the current directory).
 """

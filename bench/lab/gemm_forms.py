@@ -1,7 +1,7 @@
 """Contraction kernel time per tile form, side by side in one process: the ``blocked``
 micro-kernel against BLAS tiles (``choose_form`` forced), over matmul shapes.
 
-    python bench/tools/gemm_forms.py [--threads 1|2] [--reps N] [M,K,N ...]
+    python bench/lab/gemm_forms.py [--threads 1|2] [--reps N] [M,K,N ...]
 
 Prints, per shape, the median time of each form and GFLOP/s (both forms are this runtime's
 kernel: one process is fair; OpenBLAS keeps to the calling thread inside it).

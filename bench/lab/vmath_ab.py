@@ -8,7 +8,7 @@ place of ``base`` (the planner's in-place reuse): read as a second array that ov
 output, the loop runs its scalar path, and read through the output it vectorises again
 (``KernelRequest.output_extras``).
 
-    python bench/tools/vmath_ab.py [--reps 7]
+    python bench/lab/vmath_ab.py [--reps 7]
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """This core's float32 FMA peak: twelve independent 8-lane accumulators in registers, no memory
 traffic (runtime.kernels.simd vectors, one thread). The ceiling for the micro-kernels' GFLOP/s.
 
-    python bench/tools/fma_peak.py
+    python bench/lab/fma_peak.py
 """
 import time
 

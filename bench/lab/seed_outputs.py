@@ -1,8 +1,8 @@
 """The seed's cpu results for a set of token counts, banks resident and not, saved from one
 source tree, to compare two trees bit for bit (a change meant to keep the arithmetic):
 
-    python bench/tools/seed_outputs.py save <tree> <file.npz>
-    python bench/tools/seed_outputs.py compare <a.npz> <b.npz>
+    python bench/lab/seed_outputs.py save <tree> <file.npz>
+    python bench/lab/seed_outputs.py compare <a.npz> <b.npz>
 """
 import sys
 
@@ -14,7 +14,7 @@ TOKENS = (1, 7, 100, 256, 1000)  # gemv tiles, the dot form, the bcast form
 def save(tree: str, path: str) -> None:
     sys.path.insert(0, tree)
     import runtime
-    from bench.ab_seed import SEED, seed_values
+    from bench.lab.ab_seed import SEED, seed_values
 
     results = {}
     for tokens in TOKENS:

@@ -26,8 +26,8 @@ it is; every other variant switches one mechanism back off:
   straight from its rows, not from the block first copied into one interleaved buffer
   (``micro.PACK_LEFT_MIN_PANELS``).
 
-    python bench/ab_seed.py 256 8192 32768
-    python bench/ab_seed.py 256 --variants "left rows unpacked,B packed per call" --reps 3000
+    python bench/lab/ab_seed.py 256 8192 32768
+    python bench/lab/ab_seed.py 256 --variants "left rows unpacked,B packed per call" --reps 3000
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ import runtime
 import runtime.kernels.vmath as vmath
 from runtime.execution.executor import DRIVER_AFTER_RUNS
 
-SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
+SEED = Path(__file__).resolve().parents[2] / "examples" / "seed-lora-silu.program.json"
 
 
 def seed_values(T: int):

@@ -5,7 +5,7 @@ views, checks). Also how the plan runs (compiled segments, launches from Python)
 long the drivers took to be ready after the run that started them (a compile with an empty
 ``FORMULA_CACHE_DIR``, a disk-cache load otherwise).
 
-    python bench/tools/run_overhead.py [--runs 500]
+    python bench/lab/run_overhead.py [--runs 500]
 """
 from __future__ import annotations
 

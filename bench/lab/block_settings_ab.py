@@ -2,10 +2,10 @@
 fresh processes, alternating, medians of ``--reps`` calls per process; ``--noisy`` runs a
 CPU-bound process pinned to one core meanwhile (bench/run.py's neighbour).
 
-    python bench/tools/block_settings_ab.py B1-S128 --noisy
-    python bench/tools/block_settings_ab.py mlp-T4096-D1024-F4096 --set FORMULA_CONTRACT_PACK_ROWS=0,256,1024
-    python bench/tools/block_settings_ab.py B1-S128 --trees ../base   # this tree against another checkout
-    python bench/tools/block_settings_ab.py atom-reduce@2-amax-last --trees ../base  # a bench/atom_cases.py case
+    python bench/lab/block_settings_ab.py B1-S128 --noisy
+    python bench/lab/block_settings_ab.py mlp-T4096-D1024-F4096 --set FORMULA_CONTRACT_PACK_ROWS=0,256,1024
+    python bench/lab/block_settings_ab.py B1-S128 --trees ../base   # this tree against another checkout
+    python bench/lab/block_settings_ab.py atom-reduce@2-amax-last --trees ../base  # a bench/atom_cases.py case
 
 Default settings: as is; every parallel threshold raised so that every kernel runs serially;
 ``NUMBA_NUM_THREADS=1``. With ``--trees``, the settings are this tree and each other checkout

@@ -1,5 +1,5 @@
 """Fits the polynomial coefficients of runtime/kernels/vmath.py's erf and tanh and prints
-them as Python tuples: ``python bench/tools/fit_vmath.py``.
+them as Python tuples: ``python bench/lab/fit_vmath.py``.
 
 Least squares on Chebyshev nodes (numpy.polynomial), converted to monomials:
 - erf on |x| < 1: ``erf(x) = x + x·P(x²)``, P of degree 12 fitted to erf(x)/x − 1 (the

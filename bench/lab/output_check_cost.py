@@ -1,7 +1,7 @@
 """What ``run(check_outputs=True)`` costs on the seed against an unchecked run (cpu, B=1):
 both interleaved in one process, the best of two medians each.
 
-    python bench/tools/output_check_cost.py [REPEATS]
+    python bench/lab/output_check_cost.py [REPEATS]
 """
 import statistics
 import sys

@@ -2,7 +2,7 @@
 Alternate contenders across processes to compare them without the rounds of pytest-benchmark:
 
     for i in 1 2 3 4; do for c in cpu onnxruntime; do
-        python bench/tools/seed_contender_solo.py $c 256 2000; done; done
+        python bench/lab/seed_contender_solo.py $c 256 2000; done; done
 """
 import sys
 import time

@@ -2,7 +2,7 @@
 medians over repeated runs, largest first, with each group's share of their sum. ``--noisy``
 traces each case again under bench/run.py's noisy neighbour and adds each group's slowdown.
 
-    python bench/trace_blocks.py B1-S2048 attention-B4-H8-S512 --reps 5 [--noisy]
+    python bench/lab/trace_blocks.py B1-S2048 attention-B4-H8-S512 --reps 5 [--noisy]
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import blocks  # noqa: E402
 
 

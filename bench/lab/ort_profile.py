@@ -1,8 +1,8 @@
 """ONNX Runtime's own per-node profile of one bench/blocks.py case (the graph and session
 options of its contender): median ms per node over the calls after the first 20, largest
-first. Compare with ``python bench/trace_blocks.py <case>`` for the runtime's kernel groups.
+first. Compare with ``python bench/lab/trace_blocks.py <case>`` for the runtime's kernel groups.
 
-    python bench/tools/ort_profile.py B1-S512 [--calls 220] [--threads 1]
+    python bench/lab/ort_profile.py B1-S512 [--calls 220] [--threads 1]
 """
 from __future__ import annotations
 
