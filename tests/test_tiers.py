@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -233,6 +234,12 @@ def test_a_background_compile_error_surfaces_as_formula_error(monkeypatch):
         exe.wait_compiled()
     assert err.value.code == "backend_unavailable" and "no LLVM today" in err.value.message
     with pytest.raises(runtime.FormulaError, match="no LLVM today"):  # not lost: the next run says it too
+        exe.run(inputs=inputs, banks=banks)
+    from runtime.execution import executor
+
+    # even where the disk cache says kernels of these dtypes are ready (another process's)
+    monkeypatch.setattr(executor, "ready_marker", lambda key: Path(__file__))
+    with pytest.raises(runtime.FormulaError, match="no LLVM today"):
         exe.run(inputs=inputs, banks=banks)
 
 

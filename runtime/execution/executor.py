@@ -969,6 +969,10 @@ class _Tiers:
             known = compiled is None and any(k[1:] == key[1:] for k in exe._plans)
         if compiled is not None:
             return compiled
+        with self._lock:  # a failed build is this key's answer, whatever the disk cache holds
+            error = self._errors.get(key)
+        if error is not None:
+            raise error
         if known or ready_marker(exe._ready_key(dtypes, resident)).is_file():
             # (kernels of these dtypes are in the disk cache: loading them beats the reference tier)
             return exe._compiled(dict(bound.dims), dtypes, resident)
