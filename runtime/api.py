@@ -4,13 +4,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runtime.program import loader
 from runtime.execution.executor import Executable, Result
 from runtime.plan.memory import no_memory_error
 from runtime.program.model import Program
 from runtime.core.errors import FormulaError, fail
 from runtime.plugins.registry import Registry, default_registry
-from runtime.program.validate import validate
+from runtime.program.validate import load
 
 DEFAULT_BACKEND = "cpu"
 
@@ -21,11 +20,7 @@ def load_program(src: Any, registry: Registry | None = None, max_bytes: int | No
 
     Text and files are capped at ``max_bytes`` (default: ``FORMULA_MAX_PROGRAM_BYTES``, else
     64 MiB); a path that is not a readable regular file is ``program_unreadable``."""
-    if isinstance(src, Program):
-        return src
-    program = loader.program(loader.read_source(src, max_bytes))
-    validate(program, registry or default_registry())
-    return program
+    return load(src, registry or default_registry(), max_bytes)
 
 
 @no_memory_error

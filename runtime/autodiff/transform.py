@@ -16,9 +16,8 @@ import attrs
 
 from runtime.core.errors import FormulaError, fail
 from runtime.core.types import TensorType, is_float
-from runtime.program import loader
 from runtime.program.model import Program
-from runtime.program.validate import validate
+from runtime.program.validate import load
 from runtime.autodiff.context import VjpContext
 from runtime.autodiff.writer import ProgramWriter, slot_bytes
 
@@ -57,14 +56,6 @@ class Gradient:
     def saved_bytes(self, dims: Mapping[str, int]) -> dict[str, int]:
         """Bytes of each saved value at ``dims`` ('floating' counted as float32)."""
         return slot_bytes(self.forward, self.saved, dims)
-
-
-def load(src: Any, registry) -> Program:
-    if isinstance(src, Program):
-        return src
-    program = loader.program(loader.read_source(src))
-    validate(program, registry)
-    return program
 
 
 def vjp(src: Any, wrt: Sequence[str], outputs: Sequence[str] | None = None, registry=None,

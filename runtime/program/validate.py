@@ -8,6 +8,7 @@ from __future__ import annotations
 from runtime.plugins import failures
 from runtime.plugins.atomspec import InferContext
 from runtime.core.errors import fail
+from runtime.program import loader
 from runtime.program.model import BankBinding, Program
 from runtime.plugins.registry import Registry
 from runtime.core.types import FLOAT_DTYPES, ITEMSIZE, TensorType
@@ -225,3 +226,12 @@ def _outputs(p: Program) -> None:
             what = "does not exist" if s is None else f"is produced by {s.producer} {s.producer_id!r}"
             fail("invalid_output", f"$.outputs[{i}]", f"output {out!r} {what}; outputs must be instruction slots")
 
+
+def load(src, registry: Registry, max_bytes: int | None = None) -> Program:
+    """A fully validated program from a path, JSON text/bytes, a parsed dict, or a Program
+    (returned as it is: it was validated when it was made)."""
+    if isinstance(src, Program):
+        return src
+    program = loader.program(loader.read_source(src, max_bytes))
+    validate(program, registry)
+    return program
