@@ -138,7 +138,7 @@ def optional_amount(raw: str) -> int | None:
     return None if not raw.strip() else byte_amount(raw)  # blank: as if unset
 
 
-EARLIER = "measured in an earlier session (figures in docs/performance.md at commit 3ee2aae; not re-measured since)"
+EARLIER = "measured earlier (figures in docs/performance.md at commit 3ee2aae; not re-measured since)"
 
 
 def _tuning(name: str, default: int, module: str, does: str, why: str, measured: str = "", shown: str = "") -> Setting:
@@ -158,7 +158,7 @@ CPU_DYNAMIC_CHUNKS = _tuning(
     "Taken dynamically, a worker slowed by a busy core leaves its chunks to the others; "
     "`numba.set_parallel_chunksize`, used before, dealt them out statically under the omp layer, "
     "so such a worker still ran its half.",
-    "The third session's experiment (docs/performance.md at commit ff5d359); "
+    "An earlier experiment (docs/performance.md at commit ff5d359); "
     "`python -m pytest -q tests/test_atomic.py` checks, without timing, that a stalled worker leaves "
     "every task to the other. The count 16 itself has no recorded measurement.")
 COPY_PARALLEL_MIN = _tuning(
@@ -180,7 +180,7 @@ CONTRACT_BLOCKED_TILES = _tuning(
     "Blocked tiles share one packed right operand, so more tiles cost only a little reuse, and two "
     "per thread let a worker on a busy core take fewer; 1, 2 and 4 measured alike on an idle machine.",
     "`python bench/lab/block_settings_ab.py B1-S128 --set FORMULA_CONTRACT_BLOCKED_TILES=1,2,4 "
-    "--reps 15 --rounds 4`, and with `--noisy` (the third session; figures in docs/performance.md at "
+    "--reps 15 --rounds 4`, and with `--noisy` (figures in docs/performance.md at "
     "commit ff5d359).")
 CONTRACT_PACK_ROWS = _tuning(
     "FORMULA_CONTRACT_PACK_ROWS", 512, "atoms/contract/tiles.py (PACK_ROWS)",
