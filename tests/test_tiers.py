@@ -97,7 +97,11 @@ def own_ready_markers(monkeypatch, tmp_path):
 
     monkeypatch.setattr(executor, "ready_marker", marker)
     monkeypatch.setattr(executor, "mark_ready", mark)
-    return marker
+    yield marker
+    # a compile still running from this test would mark the next test's program ready
+    for thread in threading.enumerate():
+        if thread.name.startswith("formula-"):
+            thread.join(120)
 
 
 @pytest.fixture
@@ -262,8 +266,12 @@ def test_concurrent_runs_across_the_switch(gated):
 
     def worker():
         try:
+            # one run behind the gate is surely on the reference tier, whatever the cache holds
+            first = exe.run(inputs=inputs, banks=banks)
+            np.testing.assert_allclose(first["%4"], expected, rtol=2e-4, atol=2e-4)
+            tiers.append(first.tier)
             start.wait()
-            for _ in range(6):
+            for _ in range(5):
                 result = exe.run(inputs=inputs, banks=banks)
                 np.testing.assert_allclose(result["%4"], expected, rtol=2e-4, atol=2e-4)
                 tiers.append(result.tier)
@@ -278,7 +286,7 @@ def test_concurrent_runs_across_the_switch(gated):
     for t in threads:
         t.join(300)
     assert not failures
-    assert len(tiers) == 18 and "reference" in tiers
+    assert len(tiers) == 18 and tiers.count("reference") >= 3
     exe.wait_compiled()
     assert exe.run(inputs=inputs, banks=banks).tier == "cpu"
 
