@@ -44,7 +44,11 @@ BCAST_MR, BCAST_NV = 6, 2  # 12 accumulators, NR = 2 vectors
 # and N of a panel. 4 x 4 where AVX-512 gives 32 registers (4-row strips also fit the short
 # tiles of 128-row calls whole); 6 x 2 fits AVX2's 16 (tuning log)
 BLOCKED_MR, BLOCKED_NV = (4, 4) if simd.WIDE_BYTES == 64 else (6, 2)
-BLOCKED_KC = 256
+# K slices: a panel slice (KC x NR) stays in L1, 32 KiB of every x86-64 L1d (48 KiB on recent
+# ones): 128 for 4 x 4 vectors of 64 bytes in float32 or float64, 256 for AVX2's 6 x 2 (a 64 KiB
+# slice ran the tile at 142 against 175-195 GFLOP/s on one core: bench/lab/blocked_tile_ab.py)
+BLOCKED_SLICE_BYTES, BLOCKED_MAX_KC = 32 * 1024, 256
+
 # below these, BLAS is as fast or faster: packing costs about what the register tile saves
 # (docs/performance.md: bench/lab/gemm_forms.py)
 BLOCKED_MIN_N, BLOCKED_MIN_K = 256, 128
@@ -77,6 +81,11 @@ def choose_form(nb: int, m: int, n: int, k: int, dt: str = "float32") -> str | N
 def blocked_nr(dt: str) -> int:
     """Columns of a ``blocked`` panel."""
     return BLOCKED_NV * simd.lanes(dt, wide=True)
+
+
+def blocked_kc(dt: str) -> int:
+    """The ``blocked`` tile's K slice for ``dt`` (``BLOCKED_SLICE_BYTES``)."""
+    return min(BLOCKED_MAX_KC, BLOCKED_SLICE_BYTES // (blocked_nr(dt) * (8 if dt == "float64" else 4)))
 
 
 def panel_columns(form: str, dt: str) -> int:
@@ -284,7 +293,7 @@ def bcast_tile(dt: str, pad: str, pack_left: bool = False) -> list[str]:
     return _own(_indent(L, pad))
 
 
-def blocked_tile(dt: str, pad: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, kc: int = BLOCKED_KC,
+def blocked_tile(dt: str, pad: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, kc: int | None = None,
                  lanes: int | None = None) -> list[str]:
     """``scratch[i, j] = sum_k A[i0 + i, k] bp[k, j]`` for the tile's rows, into a scratch
     of rows of whole panels (``bn`` columns: a register tile stores whole vectors), the tile's
@@ -293,6 +302,7 @@ def blocked_tile(dt: str, pad: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, 
     The shape parameters (``lanes``: of the vector operations in scope, by default the
     ``WIDE_BYTES`` ones) are the runtime's; bench/lab/blocked_tile_ab.py varies them."""
     lanes = lanes or simd.lanes(dt, wide=True)
+    kc = kc or blocked_kc(dt)
     nr = nv * lanes
     R, V = range(mr), range(nv)
     u = "np.uint64"
@@ -306,21 +316,31 @@ def blocked_tile(dt: str, pad: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, 
     strip += [f"vstore(scratch, so + {u}({r}) * sn + {u}({v * lanes}), c{r}_{v})" for r in R for v in V]
     L = [f"bn = (n + {nr - 1}) // {nr} * {nr}", f"sn = {u}(bn)",
          "pq = (bi if sbb != 0 else 0) * k * bn",  # this batch's panels (pack_right's layout)
-         f"ks = {u}(lda if ta else 1)", "rs = 1 if ta else lda",
          f"rpad = (rows + {mr - 1}) // {mr} * {mr}",
          f"for kc0 in range(0, k, {kc}):",
          f"    kw = min({kc}, k - kc0)",
          # the strips: element (kk, r) of strip ib at ib * kw + kk * MR + r
-         f"    for ib in range(0, rpad, {mr}):",
-         f"        for r in range({mr}):",
-         f"            dst = {u}(ib * kw + r)",
-         "            if ib + r < rows:",
-         f"                src = {u}(bi * sab + (i0 + ib + r) * rs + kc0 * (lda if ta else 1))",
-         f"                for kk in range({u}(kw)):",
-         f"                    apk[dst + kk * {u}({mr})] = am[src + kk * ks]",
-         "            else:",
-         f"                for kk in range({u}(kw)):",
-         f"                    apk[dst + kk * {u}({mr})] = 0",
+         "    if ta:",  # K leads (a weight gradient's gᵀ): copy along A's rows, which hold the tile's
+         f"        for kk in range({u}(kw)):",  # rows; read down a column they were lda apart (one
+         f"            src = {u}(bi * sab + (kc0 + kk) * lda + i0)",  # set of L1, a TLB miss each)
+         f"            for ib in range(0, rpad, {mr}):",
+         f"                dst = {u}(ib * kw) + kk * {u}({mr})",
+         f"                for r in range({mr}):",
+         "                    if ib + r < rows:",
+         f"                        apk[dst + {u}(r)] = am[src + {u}(ib + r)]",
+         "                    else:",
+         f"                        apk[dst + {u}(r)] = 0",
+         "    else:",
+         f"        for ib in range(0, rpad, {mr}):",
+         f"            for r in range({mr}):",
+         f"                dst = {u}(ib * kw + r)",
+         "                if ib + r < rows:",
+         f"                    src = {u}(bi * sab + (i0 + ib + r) * lda + kc0)",
+         f"                    for kk in range({u}(kw)):",
+         f"                        apk[dst + kk * {u}({mr})] = am[src + kk]",
+         "                else:",
+         f"                    for kk in range({u}(kw)):",
+         f"                        apk[dst + kk * {u}({mr})] = 0",
          f"    for j0 in range(0, bn, {nr}):",
          f"        pbb = pq + j0 * k + kc0 * {nr}",
          f"        for ib in range(0, rpad, {mr}):",

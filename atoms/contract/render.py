@@ -116,7 +116,7 @@ def cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[A
           # (+ MR rows: a blocked tile computes whole strips, up to MR - 1 rows past its own)
           f"    scratch = np.empty((tm + {micro.BLOCKED_MR}) * sn, np.{dt})",
           *([f"    apk = np.empty({micro.BCAST_MR} * k if form == 3 else "
-             f"({micro.BLOCKED_MR} * ((tm + {micro.BLOCKED_MR - 1}) // {micro.BLOCKED_MR})) * min(k, {micro.BLOCKED_KC}) if form == 4 else 0, np.{dt})"]
+             f"({micro.BLOCKED_MR} * ((tm + {micro.BLOCKED_MR - 1}) // {micro.BLOCKED_MR})) * min(k, {micro.blocked_kc(dt)}) if form == 4 else 0, np.{dt})"]
             if forms & {3, 4} else []),
           "    prm = np.empty(8, np.int32)",
           "    prm[0] = n", "    prm[2] = k", "    prm[3] = ldb",
