@@ -80,9 +80,10 @@ CONCRETE_BACKENDS = {"runtime.backends.cpu", "runtime.backends.cuda", "runtime.b
 
 def test_the_core_imports_no_concrete_backend():
     """The core asks a backend object; only the backends package (which registers them
-    through the hook) names the concrete ones."""
+    through the hook) names the concrete ones, and the kernel toolkit, which hands their
+    code generators to atom plugins."""
     offenders = {m: sorted(t & CONCRETE_BACKENDS) for m, t in _imports().items()
-                 if t & CONCRETE_BACKENDS and not m.startswith("runtime.backends")}
+                 if t & CONCRETE_BACKENDS and not m.startswith(("runtime.backends", "runtime.toolkit"))}
     assert not offenders, f"core modules importing concrete backends: {offenders}"
 
 
@@ -116,7 +117,7 @@ def test_layers_import_one_way():
 
 def test_every_runtime_module_sits_in_a_layer_or_is_a_top_module():
     top = {"runtime", "runtime.api", "runtime.cli", "runtime.testing", "runtime.build", "runtime.dask",
-           "runtime.torch"}
+           "runtime.torch", "runtime.toolkit", "runtime.toolkit.cpu", "runtime.toolkit.cuda"}
     stray = sorted(m for m in _imports() if _layer(m) == len(LAYERS) and m not in top)
     assert not stray, f"modules outside the layers: {stray}"
 

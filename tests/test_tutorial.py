@@ -89,7 +89,7 @@ def variant(old: str, new: str) -> dict[str, str]:
 
 
 def test_a_broken_expression_is_named_where_it_is_declared(tmp_path):
-    """docs/writing-plugins.md §6: the plugin's problem in `formula plugins`, and the plan's
+    """docs/writing-plugins.md §7: the plugin's problem in `formula plugins`, and the plan's
     kernel_failed (atom, plugin and distribution, expression, path) before any run."""
     project, env = install(tmp_path, variant(EXPRESSION, '"{0} +* 1"'))
     why = "its ScalarOp expression '{0} +* 1' is refused: it is not a Python expression: invalid syntax"

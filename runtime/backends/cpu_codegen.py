@@ -22,8 +22,8 @@ from runtime.kernels.atomic import WORKERS
 from runtime.kernels.codegen import configure_numba_cache, load_generated
 from runtime.kernels.layout import keepdims_is_reshape
 from runtime.core import settings
-from runtime.core.errors import FormulaError
-from runtime.plugins.kernel import CompiledCall, Counts, Kernel, KernelRequest, Param, const_int, flat_extra, flat_output
+from runtime.plugins.kernel import (CompiledCall, Counts, Kernel, KernelRequest, Param, const_int, flat_extra, flat_output,
+                                    no_kernel)
 from runtime.core.types import TensorType
 
 # Below this many elements of work a call runs on one thread: a parallel region costs more
@@ -41,8 +41,7 @@ def numba_type(dtype: str, path: str, what: str, backend: str = "cpu") -> str:
     try:
         return NUMBA_TYPES[dtype]
     except KeyError:
-        raise FormulaError("backend_unavailable", path,
-                           f"{what} has no {backend} kernel for {dtype}; use backend='reference'") from None
+        raise no_kernel(what, backend, dtype, path) from None
 
 
 def broadcast_axes(operand: TensorType, target: TensorType) -> tuple[bool, ...]:

@@ -14,13 +14,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.kernels.codegen import configure_numba_cache, load_generated
+from runtime.kernels.launch import launch_config
 from runtime.plugins.kernel import Counts, Kernel, KernelRequest
 from runtime.kernels.layout import keepdims_aligner, keepdims_order
 from runtime.core.types import TensorType
 from runtime.backends.cpu_codegen import broadcast_axes, index_expr, numba_type
-
-THREADS_PER_BLOCK = 128
-MAX_BLOCKS = 8192  # grid-stride beyond this: enough blocks to fill any current GPU
 
 
 def device_aligner(value_type: TensorType, target: TensorType):
@@ -73,8 +71,7 @@ class SpaceKernel:
         self.kernel = load_generated(source, prefix).kernel
 
     def __call__(self, arrays: Sequence, n: int) -> None:
-        threads = min(THREADS_PER_BLOCK, 32 * -(-n // 32))  # small grids stay small (simulator)
-        blocks = min(MAX_BLOCKS, -(-n // threads))
+        blocks, threads = launch_config(n)
         self.kernel[blocks, threads](*arrays)
 
 

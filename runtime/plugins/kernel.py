@@ -16,6 +16,8 @@ from typing import Any
 
 import attrs
 
+from runtime.core.errors import FormulaError
+
 Run = Callable[[Sequence[Any], Sequence[Any], Any], "int | None"]
 
 
@@ -167,8 +169,10 @@ class Kernel:
 
 def plain_kernel(fn: Callable[[Sequence[Any], Any], Any], counts: Counts = NOTHING,
                  warm: Callable[[], None] | None = None, compiled: CompiledCall | None = None) -> Kernel:
-    """A kernel from ``fn(inputs, out)``, for a node that takes no epilogue. ``fn`` returns a
-    count covering ``counts`` (nothing by default: its return value is then ignored)."""
+    """A kernel from ``fn(inputs, out)``, for a node that takes no epilogue: the one idiom of a
+    factory, ``def factory(request): ...; return plain_kernel(run, ...)``. ``fn`` returns a
+    count covering ``counts`` (nothing by default: its return value is then ignored); ``warm``
+    and ``compiled`` are ``Kernel``'s."""
     if counts.any:
         return Kernel(lambda inputs, extras, out: fn(inputs, out), counts, compiled, warm)
     return Kernel(lambda inputs, extras, out: _none(fn(inputs, out)), compiled=compiled, warm=warm)
@@ -180,8 +184,9 @@ def _none(_: Any) -> None:
 
 def node_kernel(make_run: Callable[[Any], Callable[[Sequence[Any], Any], Any]]
                 ) -> Callable[[KernelRequest], Kernel]:
-    """A factory from ``make_run(node) -> fn(inputs, out)``: for kernels that count nothing
-    and take no epilogue (most atoms' reference and CUDA kernels)."""
+    """A factory from ``make_run(node) -> fn(inputs, out)``, reading ``fn.warm`` and
+    ``fn.compiled``. Superseded by factories returning :func:`plain_kernel` (which take those
+    as arguments); kept until atoms/gradient.py's factories are rewritten so."""
     def factory(request: KernelRequest) -> Kernel:
         fn = make_run(request.node)
         # (a run may say how to warm it, and how compiled code calls it)
@@ -191,6 +196,31 @@ def node_kernel(make_run: Callable[[Any], Callable[[Sequence[Any], Any], Any]]
     return factory
 
 
+# --- refusing a dtype ------------------------------------------------------------------------
+
+# What compiled kernels usually handle: the floats (half operands reach them widened by the
+# planner, SPEC §3b.1), and with the integers and booleans of elementwise code.
+KERNEL_FLOATS = ("float32", "float64")
+KERNEL_DTYPES = ("float32", "float64", "int64", "boolean")
+
+
+def no_kernel(what: str, backend: str, dtype: str, path: str) -> FormulaError:
+    """The one refusal of a dtype a backend's kernel does not handle (``backend_unavailable``
+    at ``path``): ``what`` is the atom's name, or what of it lacks the kernel. Raise it from the
+    factory, so a plan fails before any run."""
+    return FormulaError("backend_unavailable", path,
+                        f"{what} has no {backend} kernel for {dtype}; use backend='reference'")
+
+
+def check_dtypes(node: Any, backend: str, dtypes: Sequence[str] = KERNEL_FLOATS,
+                 types: Sequence[Any] | None = None, what: str | None = None) -> None:
+    """Raise :func:`no_kernel` for the first of ``types`` (by default the node's operands, then
+    its output) whose dtype is not among ``dtypes``."""
+    for t in (tuple(node.input_types) + (node.output_type,)) if types is None else types:
+        if t.dtype not in dtypes:
+            raise no_kernel(what or node.atom.name, backend, t.dtype, node.path)
+
+
 def request_for(node: Any, epilogue: Any = None, **fields: Any) -> KernelRequest:
     """The request for ``node`` alone (or with ``epilogue``; an empty one counts as none)."""
     if epilogue is not None and epilogue.empty:
@@ -198,4 +228,5 @@ def request_for(node: Any, epilogue: Any = None, **fields: Any) -> KernelRequest
     return KernelRequest(node, epilogue, **fields)
 
 
-__all__ = ["KernelRequest", "Kernel", "Counts", "NOTHING", "plain_kernel", "node_kernel", "request_for"]
+__all__ = ["KernelRequest", "Kernel", "Counts", "NOTHING", "plain_kernel", "node_kernel", "request_for",
+           "no_kernel", "check_dtypes", "KERNEL_FLOATS", "KERNEL_DTYPES"]
