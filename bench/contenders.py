@@ -67,7 +67,7 @@ def prepare_runtime(backend: str, program: Mapping[str, Any], inputs: Mapping[st
     def run():
         return exe.run(inputs=inputs, banks=resident)[output]
 
-    from runtime.execution.executor import DRIVER_AFTER_RUNS
+    from runtime.execution.compiled import DRIVER_AFTER_RUNS
 
     for _ in range(DRIVER_AFTER_RUNS):  # the kernels compile on the first run, then the compiled drivers
         run()

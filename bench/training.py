@@ -176,7 +176,7 @@ def runtime_grad(backend: str, case: Case, values: Values) -> RuntimeGrad:
     import runtime
 
     from bench.contenders import runtime_compile
-    from runtime.execution.executor import DRIVER_AFTER_RUNS
+    from runtime.execution.compiled import DRIVER_AFTER_RUNS
 
     prog = program(case)
     out_slot = prog["outputs"][0]
@@ -325,7 +325,7 @@ def runtime_trainer(backend: str, case: Case, values: Values, remat: Any = "save
     import runtime.torch as rt
 
     from bench.contenders import runtime_compile
-    from runtime.execution.executor import DRIVER_AFTER_RUNS
+    from runtime.execution.compiled import DRIVER_AFTER_RUNS
 
     prog = program(case)
     runtime_compile(prog, backend)  # Unavailable (a skip) where the backend cannot run

@@ -513,7 +513,8 @@ def _compile(args) -> int:
 
 def _compile_program(args) -> int:
     from runtime.api import compile as compile_program
-    from runtime.execution.executor import DRIVER_AFTER_RUNS, check_dims
+    from runtime.execution.compiled import DRIVER_AFTER_RUNS
+    from runtime.execution.executor import check_dims
     from runtime.kernels import compilelog
     from runtime.kernels.codegen import cache_dir
     from runtime.plugins.registry import default_registry

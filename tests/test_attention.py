@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import runtime
 from runtime.build import ProgramBuilder
 from runtime.kernels import attention as ak
-from runtime.execution.executor import DRIVER_AFTER_RUNS
+from runtime.execution.compiled import DRIVER_AFTER_RUNS
 from runtime.kernels import compilelog
 from runtime.plan import attention
 from runtime.plan.grouping import make_groups

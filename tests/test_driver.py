@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import runtime
 from runtime.core import settings as runtime_settings  # (hypothesis owns `settings` here)
 from runtime.execution.driver import _all_of
-from runtime.execution.executor import DRIVER_AFTER_RUNS
+from runtime.execution.compiled import DRIVER_AFTER_RUNS
 from runtime.testing import ProgramBuilder, assert_backends_agree, random_values
 
 SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"

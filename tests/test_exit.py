@@ -25,7 +25,7 @@ import numpy as np
 from numba.core.codegen import CPUCodeLibrary
 import runtime
 from runtime.execution import driver
-from runtime.execution.executor import DRIVER_AFTER_RUNS
+from runtime.execution.compiled import DRIVER_AFTER_RUNS
 
 driver.sources_stamp = lambda modules: uuid.uuid4().hex
 

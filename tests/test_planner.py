@@ -14,7 +14,7 @@ from runtime.plan.fusion import CHAIN
 from runtime.kernels.layout import align_to
 from runtime.program.model import Limits
 from runtime.plan.planner import make_plan
-from runtime.execution.executor import DRIVER_AFTER_RUNS
+from runtime.execution.compiled import DRIVER_AFTER_RUNS
 from runtime.testing import ProgramBuilder, assert_backends_agree, random_values
 from tests.test_grouping import (ADD, CUMSUM, MIX, MIX_PLAIN, OPAQUE, SCALE, TANH, VIEW, Prog, seed_like,
                                  spec, t)

@@ -174,7 +174,7 @@ def test_malformed_limits_are_schema_errors_naming_the_setting(monkeypatch):
 
 
 def test_switches_are_read_per_call(monkeypatch, tmp_path):
-    from runtime.execution.executor import tiered_default
+    from runtime.execution.tiers import tiered_default
     from runtime.kernels import codegen, threads
     from runtime.plugins.registry import Registry
     from runtime.testing import real_cuda

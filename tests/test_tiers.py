@@ -13,7 +13,7 @@ import runtime
 from bench import programs, transformer
 from runtime.cli import main
 from runtime.core.errors import fail
-from runtime.execution.executor import Executable
+from runtime.execution.compiled import PlanBuilder
 from runtime.kernels import codegen, compilelog
 
 SEED = programs.seed_program("float32")
@@ -86,7 +86,7 @@ def test_specialisations_count_compilations():
 def own_ready_markers(monkeypatch, tmp_path):
     """Each test its own readiness markers: another test's compiled and warmed plan of the
     same program would otherwise send a tiered run straight to the cpu kernels."""
-    from runtime.execution import executor
+    from runtime.execution import executor, tiers
 
     def marker(key: str):
         return tmp_path / "ready" / key.replace("|", "_").replace("/", "_")[:200]
@@ -95,8 +95,9 @@ def own_ready_markers(monkeypatch, tmp_path):
         marker(key).parent.mkdir(exist_ok=True)
         marker(key).touch()
 
-    monkeypatch.setattr(executor, "ready_marker", marker)
-    monkeypatch.setattr(executor, "mark_ready", mark)
+    monkeypatch.setattr(tiers, "ready_marker", marker)
+    monkeypatch.setattr(tiers, "mark_ready", mark)
+    monkeypatch.setattr(executor, "mark_ready", mark)  # (Executable.warm)
     yield marker
     # a compile still running from this test would mark the next test's program ready
     for thread in threading.enumerate():
@@ -108,14 +109,14 @@ def own_ready_markers(monkeypatch, tmp_path):
 def gated(monkeypatch):
     """Background plan builds wait for ``gate.set()``, so a test decides when the switch is."""
     gate = threading.Event()
-    build = Executable._build
+    build = PlanBuilder.build
 
     def waiting(self, *args, **kwargs):
         if self.backend.name != "reference":  # (the reference tier builds its plans at once)
             assert gate.wait(120)
         return build(self, *args, **kwargs)
 
-    monkeypatch.setattr(Executable, "_build", waiting)
+    monkeypatch.setattr(PlanBuilder, "build", waiting)
     yield gate
     gate.set()
 
@@ -216,14 +217,14 @@ def test_tiered_is_on_for_cpu_by_default_and_opt_out(monkeypatch):
 
 
 def _failing_cpu_builds(monkeypatch, failure):
-    build = Executable._build
+    build = PlanBuilder.build
 
     def failing(self, *args, **kwargs):
         if self.backend.name != "reference":
             failure()
         return build(self, *args, **kwargs)
 
-    monkeypatch.setattr(Executable, "_build", failing)
+    monkeypatch.setattr(PlanBuilder, "build", failing)
 
 
 def test_a_background_compile_error_surfaces_as_formula_error(monkeypatch):
@@ -239,10 +240,10 @@ def test_a_background_compile_error_surfaces_as_formula_error(monkeypatch):
     assert err.value.code == "backend_unavailable" and "no LLVM today" in err.value.message
     with pytest.raises(runtime.FormulaError, match="no LLVM today"):  # not lost: the next run says it too
         exe.run(inputs=inputs, banks=banks)
-    from runtime.execution import executor
+    from runtime.execution import tiers
 
     # even where the disk cache says kernels of these dtypes are ready (another process's)
-    monkeypatch.setattr(executor, "ready_marker", lambda key: Path(__file__))
+    monkeypatch.setattr(tiers, "ready_marker", lambda key: Path(__file__))
     with pytest.raises(runtime.FormulaError, match="no LLVM today"):
         exe.run(inputs=inputs, banks=banks)
 
@@ -310,7 +311,7 @@ def _json(capsys):
 
 
 def test_formula_compile_fills_the_cache_then_has_nothing_left_to_compile(capsys, tmp_path, monkeypatch):
-    from runtime.execution.executor import CompiledPlan
+    from runtime.execution.compiled import CompiledPlan
 
     built = []  # the compiled drivers too, so that served processes load them from the cache
     build = CompiledPlan._build_driver

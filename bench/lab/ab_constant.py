@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lab.ab_seed import built, seed_values  # noqa: E402
-from runtime.execution.executor import DRIVER_AFTER_RUNS  # noqa: E402
+from runtime.execution.compiled import DRIVER_AFTER_RUNS  # noqa: E402
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ import atoms.contract.micro as micro
 import atoms.contract.tiles as tiles
 import runtime
 import runtime.kernels.vmath as vmath
-from runtime.execution.executor import DRIVER_AFTER_RUNS
+from runtime.execution.compiled import DRIVER_AFTER_RUNS
 
 SEED = Path(__file__).resolve().parents[2] / "examples" / "seed-lora-silu.program.json"
 

@@ -21,7 +21,7 @@ from bench import blocks  # noqa: E402
 
 def main() -> None:
     import runtime
-    from runtime.execution.executor import DRIVER_AFTER_RUNS
+    from runtime.execution.compiled import DRIVER_AFTER_RUNS
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=500)

@@ -217,7 +217,7 @@ FUSED_ATTENTION = declare(Setting(
 TIERED = declare(Setting(
     "FORMULA_TIERED", True, choice(("1", "true", "yes", "on", ""), ("0", "false", "no", "off"), normalise=True),
     "one of 0, false, no, off (tiering off) or 1, true, yes, on", "behaviour", "call",
-    "runtime/execution/executor.py (tiered_default)",
+    "runtime/execution/tiers.py (tiered_default)",
     "Tiered first runs on cpu when `compile(tiered=)` is not given: runs whose kernels are not "
     "compiled yet execute on the reference kernels while a background thread compiles them.",
     "On: the first result does not wait for the compiler; off (`0`) when every run must use the "

@@ -106,7 +106,7 @@ MIN_SEGMENT = 2  # launches: a lone kernel is not worth a driver module of its o
 
 
 def build_driver(launches: Sequence[Any], bindings: frozenset[str]) -> Driver | None:
-    """The driver of these launches (``executor._Launch``): segments of at least
+    """The driver of these launches (``launches.Launch``): segments of at least
     :data:`MIN_SEGMENT` consecutive launches whose kernel has a :class:`CompiledCall` and no
     value check before it; None when there is no such segment."""
     parts: list[Segment | int] = []

@@ -163,7 +163,7 @@ READY = "ready"  # the cache's folder of readiness markers (ready_marker)
 def ready_marker(key: str) -> Path:
     """The file saying that every kernel (and variant) of the plans keyed by ``key`` is in the
     cache: a tiered run that finds it loads them in the foreground instead of running on the
-    reference kernels first (see ``runtime.execution.executor._Tiers``)."""
+    reference kernels first (see ``runtime.execution.tiers.Tiers``)."""
     return cache_dir() / READY / hashlib.sha256(key.encode()).hexdigest()[:32]
 
 

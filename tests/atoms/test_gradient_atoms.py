@@ -677,7 +677,7 @@ def test_formula_atoms_lists_them(capsys):
 def test_a_gradient_program_runs_as_one_compiled_call():
     """The cpu kernels of fill, masked-softmax-vjp, slice-vjp and window-vjp say how compiled
     code calls them: a plan of them is one driver segment, equal to its Python launches."""
-    from runtime.execution.executor import DRIVER_AFTER_RUNS
+    from runtime.execution.compiled import DRIVER_AFTER_RUNS
 
     b = ProgramBuilder()
     x = b.input("x", {"B": 3, "N": 7})
