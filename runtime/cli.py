@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import statistics
 import sys
@@ -40,7 +39,9 @@ import numpy as np
 
 from runtime.core import settings
 from runtime.core.errors import FormulaError, fail
-from runtime.execution.values import random_values, read_arrays
+from runtime.execution.values import (array_stats, describe_array, fixed_extents, preflight, random_values,
+                                      run_values, write_arrays)
+from runtime.kernels.compilelog import compile_feedback
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -293,57 +294,11 @@ def _prepare(args, tiered: bool | None = None):
     return exe, check_dims(exe.program, dims)
 
 
-class _CompileNotice(logging.Handler):
-    """Says on stderr that kernels are compiling (a cache miss, logged on ``runtime.compile``):
-    one line when the first starts, a live count on a terminal, a total when done."""
-
-    def __init__(self, stream):
-        super().__init__(logging.INFO)
-        self.stream = stream
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
-        self.count = 0
-        self.started: float | None = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno != logging.INFO or record.threadName == "formula-compile":
-            return  # (a tiered run's background compilation: nobody waits for it)
-        from runtime.kernels.codegen import cache_dir
-
-        self.count += 1
-        if self.started is None:
-            self.started = time.perf_counter()
-            print(f"compiling kernels (first use of these shapes; cached in {cache_dir()})…",
-                  file=self.stream, flush=True)
-        if self.tty:
-            line = f"  {self.count} compiled, {time.perf_counter() - self.started:.0f} s: {record.getMessage()}"
-            self.stream.write("\r" + line[:99].ljust(99))
-            self.stream.flush()
-
-    def finish(self) -> None:
-        if self.started is None:
-            return
-        if self.tty:
-            self.stream.write("\r" + " " * 99 + "\r")
-        kernels = "kernel" if self.count == 1 else "kernels"
-        print(f"compiled {self.count} {kernels} in {time.perf_counter() - self.started:.1f} s",
-              file=self.stream, flush=True)
-
-
-@contextlib.contextmanager
 def _compile_feedback():
-    from runtime.kernels.compilelog import log
+    """Compile notices on stderr, naming the kernel cache."""
+    from runtime.kernels.codegen import cache_dir
 
-    notice = _CompileNotice(sys.stderr)
-    level = log.level
-    log.addHandler(notice)
-    if log.getEffectiveLevel() > logging.INFO:
-        log.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        log.removeHandler(notice)
-        log.setLevel(level)
-        notice.finish()
+    return compile_feedback(sys.stderr, cache_dir)
 
 
 # --- commands ----------------------------------------------------------------------------
@@ -404,15 +359,17 @@ def summary(program) -> list[str]:
 def _run(args) -> int:
     exe, dims = _prepare(args)
     _report_background_failure(exe.program, args.backend)
-    inputs, banks = _values(exe, args, dims)
+    from runtime.api import open_bank_store
+
+    inputs, banks = run_values(exe, dims, args.inputs, args.banks, args.random, args.seed, args.int_high,
+                               args.chunks is not None, open_bank_store)
     with _compile_feedback():
         started = time.perf_counter()
         result = exe.run(inputs=inputs, banks=banks, check_outputs=args.check_outputs,
                          chunks=args.chunks)
         elapsed = (time.perf_counter() - started) * 1e3
     if args.out:
-        with open(args.out, "wb") as f:  # an open file keeps np.savez from appending ".npz"
-            np.savez(f, **{slot: np.asarray(v) for slot, v in result.items()})
+        write_arrays(args.out, result)
     filler = None
     if result.tier != args.backend and not args.no_fill_cache:
         filler = _fill_cache(args, exe.program, inputs, banks, dims)
@@ -436,18 +393,6 @@ def _run(args) -> int:
     return 0
 
 
-def _fixed_extents(bindings, values, dims: dict[str, int]) -> dict[str, int]:
-    """``dims`` plus the extents of symbols that the arrays among ``values`` fix (by binding name)."""
-    dims = dict(dims)
-    for b in bindings:
-        value = values.get(b.name)
-        if isinstance(value, np.ndarray) and value.ndim == b.value_type.rank:
-            for size, extent in zip(b.value_type.sizes, value.shape):
-                if isinstance(size, str):
-                    dims.setdefault(size, extent)
-    return dims
-
-
 def _fill_cache(args, program, inputs, banks, dims: dict[str, int]) -> int | None:
     """Start ``formula compile`` for this run's extents and dtype as a process of its own that
     outlives this one (the tiered run's background thread dies with it), so that the next
@@ -456,7 +401,7 @@ def _fill_cache(args, program, inputs, banks, dims: dict[str, int]) -> int | Non
     import subprocess
 
     values = {**(banks if isinstance(banks, dict) else {}), **inputs}
-    dims = _fixed_extents(program.bindings, values, dims)
+    dims = fixed_extents(program.bindings, values, dims)
     floating = {values[b.name].dtype.name for b in program.bindings
                 if b.value_type.dtype == "floating" and isinstance(values.get(b.name), np.ndarray)}
     symbols = {s for b in program.bindings for s in b.value_type.sizes if isinstance(s, str)}
@@ -572,28 +517,6 @@ def _cache(args) -> int:
     return 0
 
 
-def array_stats(a: np.ndarray) -> dict[str, Any]:
-    """dtype, shape, min, max and mean of an output (``formula run --json``)."""
-    stats = a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a
-    empty = a.size == 0
-    return {"dtype": a.dtype.name, "shape": list(a.shape),
-            "min": None if empty else np.min(stats).item(),
-            "max": None if empty else np.max(stats).item(),
-            "mean": None if empty else float(np.mean(stats))}
-
-
-def describe_array(name: str, a: np.ndarray) -> str:
-    s = array_stats(a)
-    if s["min"] is None:
-        return f"{name}  {s['dtype']}{s['shape']}  (empty)"
-    return (f"{name}  {s['dtype']}{s['shape']}  min {_num(s['min'])}  "
-            f"max {_num(s['max'])}  mean {s['mean']:.6g}")
-
-
-def _num(v) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
-
-
 def _plan(args) -> int:
     exe, dims = _prepare(args)
     plan = exe.plan(dims, enforce=False, chunks=args.chunks)  # over max_working_bytes: reported, exit 1
@@ -606,7 +529,7 @@ def _plan(args) -> int:
 
 def _bench(args) -> int:
     exe, dims = _prepare(args, tiered=False)  # times the backend's own kernels
-    _preflight(exe, dims)
+    preflight(exe, dims)
     inputs, banks = random_values(exe.program, dims, args.seed, args.int_high, memory_limit=exe.memory_limit)
     if not args.banks_per_run:
         banks = exe.load_banks(banks)
@@ -661,51 +584,6 @@ def _plugins(args) -> int:
     else:
         print(diagnostics.format_plugins(rows))
     return 0
-
-
-# --- values ------------------------------------------------------------------------------
-def _values(exe, args, dims: dict[str, int]) -> tuple[dict[str, Any], Any]:
-    """The run's inputs and banks from ``--inputs``/``--banks``/``--random``; a program that
-    needs values none of them gives is told which flags give them, before anything is read."""
-    program, memory_limit = exe.program, exe.memory_limit
-    for flag, bindings in (("inputs", program.input_bindings), ("banks", program.bank_bindings)):
-        if bindings and not getattr(args, flag) and not args.random:
-            names = ", ".join(repr(b.name) for b in bindings)
-            fail("binding_keys", f"$.{flag}",
-                 f"the program needs {flag} {names}: pass --{flag} FILE "
-                 f"({'.npz/.safetensors of arrays by name' if flag == 'inputs' else 'a bank store'}) "
-                 f"or --random for random values")
-    banks: Any = None
-    if args.banks:  # opening a store reads its index, not its arrays
-        from runtime.api import open_bank_store
-
-        banks = open_bank_store(Path(args.banks))
-    inputs: dict[str, Any] | None = read_arrays(args.inputs, "$.inputs", program.limits, memory_limit) \
-        if args.inputs else None
-    if args.random:
-        dims = _fixed_extents(program.input_bindings, inputs or {}, dims)  # what the given inputs fix
-        if getattr(args, "chunks", None) is None:  # a chunked run preflights each slice
-            _preflight(exe, dims)
-        want_inputs = [] if inputs is not None else program.input_bindings
-        want_banks = [] if banks is not None else program.bank_bindings
-        rand_inputs, rand_banks = random_values(program, dims, args.seed, args.int_high,
-                                                (*want_inputs, *want_banks), memory_limit,
-                                                getattr(args, "chunks", None) is None)
-        inputs = inputs if inputs is not None else rand_inputs
-        banks = banks if banks is not None else rand_banks
-    return inputs or {}, banks
-
-
-def _preflight(exe, dims: dict[str, int]) -> None:
-    """The whole plan's §5 limits and the memory ceiling for these extents, when they fix
-    every symbol of the bindings: before any random value is made."""
-    from runtime.plan.memory import check_working
-
-    symbols = {s for b in exe.program.bindings for s in b.value_type.sizes if isinstance(s, str)}
-    if symbols and symbols <= set(dims):
-        plan = exe.plan({s: dims[s] for s in symbols}, enforce=False)  # per-tensor limits enforced
-        check_working(plan.working_bytes, exe.program.limits, exe.memory_limit,
-                      "the run's working set (bindings, arena peak and outputs)")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -250,6 +250,7 @@ def _error(capsys) -> str:
 def no_work(monkeypatch):
     """Fails the test if a run, a plan or value generation starts."""
     import runtime.cli as cli
+    from runtime.execution import values
     from runtime.execution.executor import Executable
 
     def refuse(*args, **kwargs):
@@ -257,8 +258,9 @@ def no_work(monkeypatch):
 
     monkeypatch.setattr(Executable, "run", refuse)
     monkeypatch.setattr(Executable, "plan", refuse)
-    monkeypatch.setattr(cli, "random_values", refuse)
-    monkeypatch.setattr(cli, "read_arrays", refuse)
+    monkeypatch.setattr(cli, "random_values", refuse)  # (bench, compile)
+    monkeypatch.setattr(values, "random_values", refuse)  # (run: values.run_values)
+    monkeypatch.setattr(values, "read_arrays", refuse)
 
 
 @pytest.mark.parametrize("verb", ["run", "plan", "bench"])
@@ -405,15 +407,14 @@ def test_compile_notice_goes_to_stderr(capsys, monkeypatch):
 def test_compile_notice_counts_live_on_a_terminal():
     import io
 
-    from runtime.cli import _CompileNotice
-    from runtime.kernels.compilelog import log
+    from runtime.kernels.compilelog import CompileNotice, log
 
     class Terminal(io.StringIO):
         def isatty(self):
             return True
 
     stream = Terminal()
-    notice = _CompileNotice(stream)
+    notice = CompileNotice(stream)
     log.addHandler(notice)
     level = log.level
     log.setLevel("INFO")

@@ -6,10 +6,12 @@ outermost one of each thread is logged, so one line stands for one kernel a user
 Loading from the on-disk cache triggers no event: a warm run logs nothing.
 
 :func:`counts` counts those outermost compilations per process (a counter, not a timing: the
-tests that a new extent of a symbolic axis compiles nothing read it).
+tests that a new extent of a symbolic axis compiles nothing read it). :func:`compile_feedback`
+says on a stream (the ``formula`` command's stderr) that kernels are compiling.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -93,3 +95,56 @@ def install() -> None:
 
         event.register("numba:compile", _Listener())
         _installed = True
+
+
+class CompileNotice(logging.Handler):
+    """Says on ``stream`` that kernels are compiling (a cache miss, logged on
+    ``runtime.compile``): one line when the first starts (naming the cache, ``where()``), a live
+    count on a terminal, a total when done (:meth:`finish`)."""
+
+    def __init__(self, stream, where=None):
+        super().__init__(logging.INFO)
+        self.stream = stream
+        self.where = where
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.count = 0
+        self.started: float | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno != logging.INFO or record.threadName == "formula-compile":
+            return  # (a tiered run's background compilation: nobody waits for it)
+        self.count += 1
+        if self.started is None:
+            self.started = time.perf_counter()
+            cached = f"; cached in {self.where()}" if self.where is not None else ""
+            print(f"compiling kernels (first use of these shapes{cached})…", file=self.stream, flush=True)
+        if self.tty:
+            line = f"  {self.count} compiled, {time.perf_counter() - self.started:.0f} s: {record.getMessage()}"
+            self.stream.write("\r" + line[:99].ljust(99))
+            self.stream.flush()
+
+    def finish(self) -> None:
+        if self.started is None:
+            return
+        if self.tty:
+            self.stream.write("\r" + " " * 99 + "\r")
+        kernels = "kernel" if self.count == 1 else "kernels"
+        print(f"compiled {self.count} {kernels} in {time.perf_counter() - self.started:.1f} s",
+              file=self.stream, flush=True)
+
+
+@contextlib.contextmanager
+def compile_feedback(stream, where=None):
+    """A :class:`CompileNotice` on ``stream`` for the compilations inside the block (``where``:
+    a function naming the kernel cache, for its first line)."""
+    notice = CompileNotice(stream, where)
+    level = log.level
+    log.addHandler(notice)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(notice)
+        log.setLevel(level)
+        notice.finish()
