@@ -14,9 +14,9 @@ from hypothesis import given, settings, strategies as st
 
 import runtime
 from atoms import all_specs
+from atoms._grad import FILL_REF, MASKED_SOFTMAX_VJP_REF, SCALAR_MAP_VJP_REF, SLICE_VJP_REF, WINDOW_VJP_REF
 from atoms.elementwise import MODES_V2
-from atoms.gradient import (FILL_REF, MASKED_SOFTMAX_VJP_REF, SCALAR_MAP_VJP_REF, SLICE_VJP_REF, VJP_EXPRS,
-                            WINDOW_VJP_REF, scalar_map_vjp_numpy)
+from atoms.scalar_map_vjp import VJP_EXPRS, scalar_map_vjp_numpy
 from runtime.core.errors import FormulaError
 from runtime.core.types import TensorType, numpy_dtype
 from runtime.plugins.atomspec import InferContext
