@@ -22,7 +22,8 @@ import numpy as np
 from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from runtime.kernels.vmath import verf, vexp, vgelu, vlog, vlog1p, vtanh  # noqa: E402
+from runtime.kernels.vlog import vlog, vlog1p  # noqa: E402
+from runtime.kernels.vmath import verf, vexp, vgelu, vtanh  # noqa: E402
 
 
 @njit(error_model="numpy")
