@@ -12,9 +12,9 @@ from numba import njit, prange
 
 from runtime.core.errors import json_kind
 from runtime.core.types import TensorType, is_float, numpy_dtype
-from runtime.kernels.twins import Twins
 from runtime.plugins.atomspec import AtomSpec, InferContext, Linear, Node, ScalarOp, every_axis
 from runtime.plugins.kernel import CompiledCall, const_array, flat_output
+from runtime.toolkit import Twins
 
 from . import _rows
 from ._grad import FILL_REF, HALF_NATIVE, _compilable, _kernels
@@ -166,7 +166,7 @@ def kernel(dst, bits, n):
 def _cuda_fill(node: Node):
     from numba import cuda
 
-    from runtime.backends.cuda_codegen import SpaceKernel
+    from runtime.toolkit.cuda import SpaceKernel
 
     kernel = SpaceKernel("cufill", CUDA_FILL_SOURCE)
     bits = cuda.to_device(_fill_bits(node))

@@ -9,9 +9,9 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.core.types import TensorType, numpy_dtype
-from runtime.kernels.twins import Twins
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except
 from runtime.plugins.kernel import CompiledCall, const_array, const_int, flat_input, flat_output
+from runtime.toolkit import Twins
 
 from . import _rows
 from ._grad import HALF_NATIVE, SLICE_VJP_REF, _compilable, _kernels, _on, _row_space, require_cotangent
@@ -130,7 +130,7 @@ def kernel(src, dst, shape, st, gs, os, n, m, start, step, total):
 def _cuda_slice_vjp(node: Node):
     from numba import cuda
 
-    from runtime.backends.cuda_codegen import SpaceKernel
+    from runtime.toolkit.cuda import SpaceKernel
 
     kernel = SpaceKernel("cuslicevjp", CUDA_SLICE_VJP_SOURCE)
     r, (gs, os) = _slice_vjp_rows(node, c_strides(node.input_types[0].shape))

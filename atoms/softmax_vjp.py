@@ -9,9 +9,9 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.core.types import TensorType
-from runtime.kernels.twins import Twins
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except
 from runtime.plugins.kernel import FLAT_OUTPUT, CompiledCall, const_array, const_int, flat_input
+from runtime.toolkit import Twins
 
 from . import _rows
 from ._grad import (MASKED_SOFTMAX_VJP_REF, _compilable, _device_flat, _flat, _flat_out, _float_kernel_dtype,
@@ -141,7 +141,7 @@ def kernel(y, g, dst, shape, st, ys, gs, os, n, count):
 def _cuda_masked_softmax_vjp(node: Node):
     from numba import cuda
 
-    from runtime.backends.cuda_codegen import SpaceKernel
+    from runtime.toolkit.cuda import SpaceKernel
 
     _float_kernel_dtype(node, "cuda")
     kernel = SpaceKernel("cumsvjp", CUDA_MSV_SOURCE)
