@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit, prange, types
 
 from runtime.core import settings
-from runtime.kernels.twins import Twins
+from runtime.toolkit import Twins
 
 # Below this many elements a copy runs on one thread (waking the other costs more than it
 # saves); above it, ROW_TASKS_PER_THREAD tasks per thread.

@@ -17,11 +17,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp, every_axis, linear_in
-from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel
-from runtime.core.errors import fail
-from runtime.plan.fusion import Epilogue, EpilogueStep
-from runtime.kernels.layout import align_to
-from runtime.kernels.vmath import GELU_EXPR
+from runtime.plugins.kernel import Counts, Kernel, KernelRequest, plain_kernel
+from runtime.toolkit import Epilogue, EpilogueStep, KERNEL_DTYPES, align_to, check_dtypes
+from runtime.toolkit.cpu import vmath
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
 from ._refs import refs_for
@@ -29,7 +27,7 @@ from ._refs import refs_for
 MODES = ("gelu", "relu", "rsqrt", "sigmoid", "silu", "tanh")
 
 SCALAR_EXPRS = {
-    "gelu": GELU_EXPR,  # (0.5·x·(1 + erf(x/√2))), evaluated on CPU by vmath.vgelu
+    "gelu": vmath.GELU_EXPR,  # (0.5·x·(1 + erf(x/√2))), evaluated on CPU by vmath.vgelu
     "relu": "(0.0 if {0} <= 0.0 else {0})",  # -0.0 -> 0.0 and NaN -> NaN, as np.maximum(x, 0)
     "rsqrt": "((1.0 / math.sqrt({0})) if {0} > 0.0 else "
              "(math.copysign(math.inf, {0}) if {0} == 0.0 else math.nan))",
@@ -218,43 +216,46 @@ def _acc(node: Node) -> np.dtype:
     return numpy_dtype(accumulation_dtype(t.dtype, mode))
 
 
-def _ref_scalar_map(node: Node):
+def _ref_scalar_map(request: KernelRequest) -> Kernel:
+    node = request.node
     mode, acc = node.attributes["mode"], _acc(node)
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         with np.errstate(all="ignore"):
             out[...] = scalar_map_numpy(mode, np.asarray(inputs[0]).astype(acc))
-    return run
+    return plain_kernel(run)
 
 
-def _ref_cast(node: Node):
+def _ref_cast(request: KernelRequest) -> Kernel:
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         with np.errstate(all="ignore"):  # beyond the target's range: ±inf
             out[...] = np.asarray(inputs[0]).astype(out.dtype)  # one IEEE rounding, even for f64 -> half
-    return run
+    return plain_kernel(run)
 
 
-def _ref_compare(node: Node):
+def _ref_compare(request: KernelRequest) -> Kernel:
+    node = request.node
     ufunc = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
              "gt": np.greater, "ge": np.greater_equal}[node.attributes["mode"]]
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         out[...] = ufunc(np.asarray(inputs[0]), np.asarray(inputs[1]))
-    return run
+    return plain_kernel(run)
 
 
-def _ref_boolean_binary(node: Node):
+def _ref_boolean_binary(request: KernelRequest) -> Kernel:
+    node = request.node
     ufunc = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}[node.attributes["mode"]]
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         out[...] = ufunc(np.asarray(inputs[0]), np.asarray(inputs[1]))
-    return run
+    return plain_kernel(run)
 
 
-def _ref_boolean_not(node: Node):
+def _ref_boolean_not(request: KernelRequest) -> Kernel:
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         out[...] = np.logical_not(np.asarray(inputs[0]))
-    return run
+    return plain_kernel(run)
 
 
 def cast_expr(node: Node) -> str:
@@ -263,7 +264,8 @@ def cast_expr(node: Node) -> str:
     return "np.float64({0})" if node.output_type.dtype == "float64" else "np.float32({0})"
 
 
-def _ref_scale(node: Node):
+def _ref_scale(request: KernelRequest) -> Kernel:
+    node = request.node
     vt, ft = node.input_types
     acc = _acc(node)
 
@@ -272,7 +274,7 @@ def _ref_scale(node: Node):
         f = align_to(np.asarray(factor), ft, vt)
         with np.errstate(all="ignore"):
             _into(np.multiply, np.asarray(value).astype(acc, copy=False), f.astype(acc, copy=False), out)
-    return run
+    return plain_kernel(run)
 
 
 def _into(ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
@@ -284,23 +286,25 @@ def _into(ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         out[...] = ufunc(a, b)
 
 
-def _ref_add(node: Node):
+def _ref_add(request: KernelRequest) -> Kernel:
+    node = request.node
     acc = _acc(node)
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         with np.errstate(all="ignore"):  # overflow (in the cast back too) gives inf, as NumPy
             _into(np.add, np.asarray(inputs[0]).astype(acc, copy=False),
                   np.asarray(inputs[1]).astype(acc, copy=False), out)
-    return run
+    return plain_kernel(run)
 
 
-def _ref_select(node: Node):
+def _ref_select(request: KernelRequest) -> Kernel:
+    node = request.node
     mt, vt, _ = node.input_types
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         mask, t, f = inputs
         out[...] = np.where(align_to(np.asarray(mask), mt, vt), t, f)
-    return run
+    return plain_kernel(run)
 
 
 # --- cpu / cuda: the generic fused-elementwise kernel with one step ----------------------
@@ -313,16 +317,13 @@ def single_step(node: Node) -> Epilogue:
 
 
 def _unsupported(node: Node, backend: str) -> None:
-    for t in node.input_types + (node.output_type,):
-        if t.dtype not in ("float32", "float64", "int64", "boolean"):
-            fail("backend_unavailable", node.path,
-                 f"{node.atom.name} has no {backend} kernel for {t.dtype}; use backend='reference'")
+    check_dtypes(node, backend, KERNEL_DTYPES)
 
 
 def _cpu(request: KernelRequest) -> Kernel:
     """The node as a one-step chain: it counts the operands the request asks for (the chain
     kernel counts its extras, here the node's operands)."""
-    from runtime.backends.cpu_codegen import elementwise_kernel
+    from runtime.toolkit.cpu import elementwise_kernel
 
     node = request.node
     _unsupported(node, "cpu")
@@ -335,7 +336,7 @@ def _cpu(request: KernelRequest) -> Kernel:
 
 
 def _cuda(request: KernelRequest) -> Kernel:
-    from runtime.backends.cuda_codegen import align_device, elementwise_kernel
+    from runtime.toolkit.cuda import align_device, elementwise_kernel
 
     node = request.node
     _unsupported(node, "cuda")
@@ -352,7 +353,7 @@ def _op(mode_of):
 
 
 def _kernels(reference):
-    return {"reference": node_kernel(reference), "cpu": _cpu, "cuda": _cuda}
+    return {"reference": reference, "cpu": _cpu, "cuda": _cuda}
 
 
 SPECS = [

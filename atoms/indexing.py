@@ -25,9 +25,10 @@ import attrs
 import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, every_axis
-from runtime.plugins.kernel import CompiledCall, const_array, const_int, flat_input, flat_output, node_kernel
+from runtime.plugins.kernel import (CompiledCall, Kernel, KernelRequest, const_array, const_int, flat_input,
+                                    flat_output, plain_kernel)
 from runtime.core.errors import fail
-from runtime.kernels.layout import align_to, c_strides as true_strides  # (every axis, extent 1 too)
+from runtime.toolkit import align_to, c_strides as true_strides  # (every axis, extent 1 too)
 from runtime.core.types import TensorType
 
 from ._refs import refs_for
@@ -254,7 +255,8 @@ def _prepare(m: IndexedMove):
 
 # --- cpu -------------------------------------------------------------------------------------------
 
-def _cpu(node: Node):
+def _cpu(request: KernelRequest) -> Kernel:
+    node = request.node
     name = node.atom.name
     src_k, idx_k, base_k = OPERANDS[name]
     item = _itemsize(node.output_type)
@@ -289,9 +291,8 @@ def _cpu(node: Node):
         _copy.warm("indexed", item)
         if base_k is not None:
             _copy.warm("strided", item)
-    run.warm = warm
-    run.compiled = _compiled_indexed(node, item, parallel, ntask) if base_k is None else None
-    return run
+    compiled = _compiled_indexed(node, item, parallel, ntask) if base_k is None else None
+    return plain_kernel(run, warm=warm, compiled=compiled)
 
 
 def _compiled_indexed(node: Node, item: int, parallel: bool, ntask: int) -> CompiledCall | None:
@@ -344,11 +345,12 @@ def kernel(src, sax, idx, dst, dax, bound, meta, n):
 '''
 
 
-def _cuda(node: Node):
+def _cuda(request: KernelRequest) -> Kernel:
     from numba import cuda
 
-    from runtime.backends.cuda_codegen import SpaceKernel
+    from runtime.toolkit.cuda import SpaceKernel
 
+    node = request.node
     name = node.atom.name
     src_k, idx_k, base_k = OPERANDS[name]
     kernel = SpaceKernel("cuindexed", CUDA_INDEXED_SOURCE)
@@ -365,12 +367,13 @@ def _cuda(node: Node):
         if base_k is not None:
             dst.copy_to_device(device_bits(inputs[base_k]))
         kernel([src, m.sax, idx, dst, m.dax, m.bound, meta, n], n)
-    return run
+    return plain_kernel(run)
 
 
 # --- reference ---------------------------------------------------------------------------------------
 
-def _ref_gather(node: Node):
+def _ref_gather(request: KernelRequest) -> Kernel:
+    node = request.node
     tv, ti = node.input_types
     p = tv.axes.index(node.attributes["axis"])
 
@@ -378,10 +381,11 @@ def _ref_gather(node: Node):
         check_gather(node, inputs)
         full = align_to(np.asarray(inputs[1]), ti, node.output_type)
         out[...] = np.take_along_axis(np.asarray(inputs[0]), full, axis=p)
-    return run
+    return plain_kernel(run)
 
 
-def _ref_scatter(node: Node):
+def _ref_scatter(request: KernelRequest) -> Kernel:
+    node = request.node
     tb, ti, tu = node.input_types
     p = tb.axes.index(node.attributes["axis"])
 
@@ -390,10 +394,11 @@ def _ref_scatter(node: Node):
         out[...] = inputs[0]
         full = align_to(np.asarray(inputs[1]), ti, tu)
         np.put_along_axis(out, full, np.asarray(inputs[2]), axis=p)
-    return run
+    return plain_kernel(run)
 
 
-def _ref_lookup(node: Node):
+def _ref_lookup(request: KernelRequest) -> Kernel:
+    node = request.node
     tt, ti = node.input_types
     q = tt.axes.index(node.attributes["table_axis"])
     taken = tt.axes[:q] + ti.axes + tt.axes[q + 1:]
@@ -402,7 +407,7 @@ def _ref_lookup(node: Node):
     def run(inputs, out):
         _check_lookup(node, inputs)
         out[...] = np.transpose(np.take(np.asarray(inputs[0]), np.asarray(inputs[1]), axis=q), perm)
-    return run
+    return plain_kernel(run)
 
 
 CHECKS = {"gather": check_gather, "scatter": _check_scatter, "lookup": _check_lookup, "fold": check_gather,
@@ -414,42 +419,42 @@ SPECS = [
     AtomSpec(name="gather", refs=refs_for("gather", 2), inputs=("value", "indices"),
              dtypes={"value": "any", "indices": "int64"},
              attributes=frozenset({"axis", "index_axis"}), infer=infer_gather2,
-             kernels={"reference": node_kernel(_ref_gather), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
+             kernels={"reference": _ref_gather, "cpu": _cpu, "cuda": _cuda},
              check_values=check_gather, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
              free_axes=every_axis,
              summary="value entries (any dtype) along one axis picked by int64 indices, repeats allowed"),
     AtomSpec(name="fold", refs=("arti/fold@2",), inputs=("value", "indices"),
              dtypes={"value": "floating|boolean", "indices": "int64"},
              attributes=frozenset({"axis", "index_axis", *FOLD_REFS}), infer=infer_fold,
-             kernels={"reference": node_kernel(_ref_gather), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
+             kernels={"reference": _ref_gather, "cpu": _cpu, "cuda": _cuda},
              check_values=check_gather, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
              free_axes=every_axis,
              summary="legacy arti fold: gather of SPEC §3"),
     AtomSpec(name="unfold", refs=("arti/unfold@2",), inputs=("base", "indices", "updates"),
              dtypes={"base": "floating|boolean", "indices": "int64", "updates": "floating|boolean"},
              attributes=frozenset({"axis", "index_axis", "mode", "record_schema_ref"}), infer=infer_unfold,
-             kernels={"reference": node_kernel(_ref_scatter), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
+             kernels={"reference": _ref_scatter, "cpu": _cpu, "cuda": _cuda},
              check_values=_check_scatter, checked_inputs=(1,), half_native=GATHER_HALF_NATIVE,
              free_axes=axes_except("axis"),
              summary="legacy arti unfold: scatter of SPEC §3 (unique indices)"),
     AtomSpec(name="gather", refs=refs_for("gather"), inputs=("value", "indices"),
              dtypes={"value": "floating|boolean", "indices": "int64"},
              attributes=frozenset({"axis", "index_axis"}), infer=infer_gather,
-             kernels={"reference": node_kernel(_ref_gather), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
+             kernels={"reference": _ref_gather, "cpu": _cpu, "cuda": _cuda},
              check_values=check_gather, checked_inputs=(1,),
              free_axes=every_axis,
              summary="value entries along one axis picked by int64 indices (range-checked)"),
     AtomSpec(name="scatter", refs=refs_for("scatter"), inputs=("base", "indices", "updates"),
              dtypes={"base": "floating|boolean", "indices": "int64", "updates": "floating|boolean"},
              attributes=frozenset({"axis", "index_axis", "mode"}), infer=infer_scatter,
-             kernels={"reference": node_kernel(_ref_scatter), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
+             kernels={"reference": _ref_scatter, "cpu": _cpu, "cuda": _cuda},
              check_values=_check_scatter, checked_inputs=(1,),
              free_axes=axes_except("axis"),
              summary="copy of base with indexed positions replaced by updates (unique indices)"),
     AtomSpec(name="lookup", refs=refs_for("lookup"), inputs=("table", "indices"),
              dtypes={"table": "floating", "indices": "int64"},
              attributes=frozenset({"table_axis", "output_axes"}), infer=infer_lookup,
-             kernels={"reference": node_kernel(_ref_lookup), "cpu": node_kernel(_cpu), "cuda": node_kernel(_cuda)},
+             kernels={"reference": _ref_lookup, "cpu": _cpu, "cuda": _cuda},
              check_values=_check_lookup, checked_inputs=(1,),
              free_axes=every_axis,
              summary="rows of a floating table picked by int64 indices of any rank"),

@@ -18,10 +18,10 @@ import attrs
 import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except, every_axis, linear_in
-from runtime.plugins.kernel import (CompiledCall, Counts, Kernel, KernelRequest, const_array, const_int,
-                                    const_scalar, flat_input, flat_output, node_kernel, plain_kernel)
+from runtime.plugins.kernel import (CompiledCall, Counts, Kernel, KernelRequest, const_array, const_int, const_scalar,
+                                    flat_input, flat_output, plain_kernel)
 from runtime.core.errors import fail
-from runtime.kernels.layout import align_to, span_view
+from runtime.toolkit import align_to, span_view
 from runtime.core.types import HALF_DTYPES, NAME_RE, Size, TensorType
 
 from . import _copy
@@ -374,13 +374,14 @@ def device_bits(x):
 
 def mover_cuda(make_moves: Callable[[Node, Sequence[tuple[int, ...]]], list[Move]]):
     """A cuda kernel factory: moves fixed at plan time for C-contiguous device operands."""
-    def factory(node: Node):
+    def factory(request: KernelRequest) -> Kernel:
         from numba import cuda
 
-        from runtime.backends.cuda_codegen import SpaceKernel
+        from runtime.toolkit.cuda import SpaceKernel
 
         kernel = SpaceKernel("culayout", CUDA_COPY_SOURCE)
         calls = []
+        node = request.node
         for m in make_moves(node, [c_strides(t.shape) for t in node.input_types]):
             shape, (sstr, dstr) = coalesce(m.shape, m.sstr, m.dstr)
             meta = cuda.to_device(np.array([shape, sstr, dstr], dtype=np.int64))
@@ -391,34 +392,37 @@ def mover_cuda(make_moves: Callable[[Node, Sequence[tuple[int, ...]]], list[Move
             dst = out_bits(out)
             for src, soff, doff, meta, n in calls:
                 kernel([srcs[src], soff, dst, doff, meta, n], n)
-        return run
+        return plain_kernel(run)
     return factory
 
 
 # --- reference ---------------------------------------------------------------------------------
 
-def _ref_reshape(node: Node):
+def _ref_reshape(request: KernelRequest) -> Kernel:
     def run(inputs, out):
         out[...] = np.reshape(np.asarray(inputs[0]), out.shape)
-    return run
+    return plain_kernel(run)
 
 
-def _ref_permute(node: Node):
+def _ref_permute(request: KernelRequest) -> Kernel:
+    node = request.node
     t = node.input_types[0]
     perm = [t.axes.index(a) for a in node.output_type.axes]
 
     def run(inputs, out):
         out[...] = np.transpose(np.asarray(inputs[0]), perm)
-    return run
+    return plain_kernel(run)
 
 
-def _ref_broadcast(node: Node):
+def _ref_broadcast(request: KernelRequest) -> Kernel:
+    node = request.node
     def run(inputs, out):
         out[...] = align_to(np.asarray(inputs[0]), node.input_types[0], node.output_type)
-    return run
+    return plain_kernel(run)
 
 
-def _ref_slice(node: Node):
+def _ref_slice(request: KernelRequest) -> Kernel:
+    node = request.node
     t, at = node.input_types[0], node.attributes
     p = t.axes.index(at["axis"])
     index = tuple(slice(at["start"], at["stop"], at["step"]) if k == p else slice(None)
@@ -426,15 +430,16 @@ def _ref_slice(node: Node):
 
     def run(inputs, out):
         out[...] = np.asarray(inputs[0])[index]
-    return run
+    return plain_kernel(run)
 
 
-def _ref_concat(node: Node):
+def _ref_concat(request: KernelRequest) -> Kernel:
+    node = request.node
     p = node.input_types[0].axes.index(node.attributes["axis"])
 
     def run(inputs, out):
         out[...] = np.concatenate([np.asarray(inputs[0]), np.asarray(inputs[1])], axis=p)
-    return run
+    return plain_kernel(run)
 
 
 def free_reshape(node: Node) -> frozenset[str]:
@@ -454,8 +459,8 @@ def _spec(name, inputs, attributes, infer, reference, moves, summary, free, read
     cpu kernel can take over their finiteness check. ``view``: see ``AtomSpec.view``."""
     return AtomSpec(name=name, refs=refs_for(name), inputs=inputs, attributes=frozenset(attributes),
                     dtypes={operand: "any" for operand in inputs},
-                    infer=infer, kernels={"reference": node_kernel(reference), "cpu": mover_cpu(moves, reads_all),
-                                          "cuda": node_kernel(mover_cuda(moves))},
+                    infer=infer, kernels={"reference": reference, "cpu": mover_cpu(moves, reads_all),
+                                          "cuda": mover_cuda(moves)},
                     summary=summary, free_axes=free, view=view, role=role,
                     linear=linear_in(*range(len(inputs))))  # moves: linear in their operands together
 

@@ -15,9 +15,10 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, every_axis
-from runtime.plugins.kernel import node_kernel
+from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 from runtime.core.errors import fail, json_kind
 from runtime.core.types import TensorType, is_float, numpy_dtype
+from runtime.toolkit import launch_config, no_kernel
 
 from ._refs import refs_for
 
@@ -126,14 +127,15 @@ def _finish(shifted: np.ndarray, mask: np.ndarray, activity: np.ndarray, out: np
         out[...] = np.where(np.asarray(mask)[:, None, :, None], shifted.astype(out.dtype) * a, 0)
 
 
-def _ref_identity(node: Node):
+def _ref_identity(request: KernelRequest) -> Kernel:
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         value, _, mask, activity = inputs
         _finish(np.asarray(value)[:, None], mask, activity, out)
-    return run
+    return plain_kernel(run)
 
 
-def _ref_affine(node: Node):
+def _ref_affine(request: KernelRequest) -> Kernel:
+    node = request.node
     d = node.input_types[0].shape[2]
     scale = float(node.attributes["scale"])
 
@@ -146,7 +148,7 @@ def _ref_affine(node: Node):
             alpha, beta = np.tanh(z[..., :d])[:, :, None, :], np.tanh(z[..., d:])[:, :, None, :]
             y = value[:, None] * (dt.type(1) + sc * alpha) + sc * beta
         _finish(y, mask, activity, out)
-    return run
+    return plain_kernel(run)
 
 
 def fourier_compute_dtype(dtype: str) -> np.dtype:
@@ -170,7 +172,8 @@ def frequencies(n: int) -> np.ndarray:
     return np.where(k < -(-n // 2), k, k - n) / n
 
 
-def _ref_fourier(node: Node):
+def _ref_fourier(request: KernelRequest) -> Kernel:
+    node = request.node
     h, w = node.attributes["spatial_shape"]
     polar = node.attributes["state_mode"] == "polar"
     eps = float(node.attributes["direction_epsilon"])
@@ -188,7 +191,7 @@ def _ref_fourier(node: Node):
         with np.errstate(over="ignore"):
             rounded = shifted.reshape(b, -1, h * w, d).astype(out.dtype)
         _finish(rounded, mask, activity, out)
-    return run
+    return plain_kernel(run)
 
 
 # --- cpu ---------------------------------------------------------------------------------
@@ -295,21 +298,22 @@ def _fourier_kernel(x, act, mask, g, h, w, out):
 def _check_device(node: Node, backend: str) -> None:
     for k, t in enumerate(node.input_types + (node.output_type,)):
         if t.dtype not in ("float32", "float64") and not (k in (2, 3) and t.dtype == "boolean"):
-            fail("backend_unavailable", node.path,
-                 f"{node.atom.name} has no {backend} kernel for {t.dtype}; use backend='reference'")
+            raise no_kernel(node.atom.name, backend, t.dtype, node.path)
 
 
-def _cpu_identity(node: Node):
+def _cpu_identity(request: KernelRequest) -> Kernel:
+    node = request.node
     _check_device(node, "cpu")
     kernel = _identity_kernel
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         value, _, mask, activity = inputs
         kernel(value, activity, mask, out)
-    return run
+    return plain_kernel(run)
 
 
-def _cpu_affine(node: Node):
+def _cpu_affine(request: KernelRequest) -> Kernel:
+    node = request.node
     _check_device(node, "cpu")
     kernel = _affine_kernel
     scale = numpy_dtype(node.input_types[0].dtype).type(node.attributes["scale"])
@@ -317,7 +321,7 @@ def _cpu_affine(node: Node):
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         value, states, mask, activity, weight, bias = inputs
         kernel(value, states, activity, mask, weight, bias, scale, out)
-    return run
+    return plain_kernel(run)
 
 
 def fourier_scratch(node: Node, backend: str) -> int:
@@ -338,7 +342,8 @@ def _fourier_setup(node: Node):
             (b * t, 2, 2 * h + 2 * w - 2), c)
 
 
-def _cpu_fourier(node: Node):
+def _cpu_fourier(request: KernelRequest) -> Kernel:
+    node = request.node
     _check_device(node, "cpu")
     h, w, polar, eps, table_shape, c = _fourier_setup(node)
     tables, kernel = _fourier_tables, _fourier_kernel
@@ -348,7 +353,7 @@ def _cpu_fourier(node: Node):
         g = np.empty(table_shape, c)  # counted in the working bytes (AtomSpec.scratch_bytes)
         tables(states, polar, eps, h, w, g)
         kernel(value, activity, mask, g, h, w, out)
-    return run
+    return plain_kernel(run)
 
 
 # --- cuda: one thread per (b, t) task or output element ----------------------------------
@@ -360,21 +365,23 @@ def _cuda_kernel(name: str):
 
 
 def _launch(kernel, n: int, *args) -> None:
-    threads = min(128, 32 * -(-n // 32))
-    kernel[-(-n // threads), threads](*args)
+    blocks, threads = launch_config(n, max_blocks=None)  # (one thread per item: not grid-stride)
+    kernel[blocks, threads](*args)
 
 
-def _cuda_identity(node: Node):
+def _cuda_identity(request: KernelRequest) -> Kernel:
+    node = request.node
     _check_device(node, "cuda")
     b, t, n, _ = node.output_type.shape
 
     def run(inputs, out) -> None:
         value, _, mask, activity = inputs
         _launch(_cuda_kernel("identity"), b * t * n, value, activity, mask, out)
-    return run
+    return plain_kernel(run)
 
 
-def _cuda_affine(node: Node):
+def _cuda_affine(request: KernelRequest) -> Kernel:
+    node = request.node
     _check_device(node, "cuda")
     b, t, _, d = node.output_type.shape
     scale = numpy_dtype(node.input_types[0].dtype).type(node.attributes["scale"])
@@ -382,12 +389,13 @@ def _cuda_affine(node: Node):
     def run(inputs, out) -> None:
         value, states, mask, activity, weight, bias = inputs
         _launch(_cuda_kernel("affine"), b * t * d, value, states, activity, mask, weight, bias, scale, out)
-    return run
+    return plain_kernel(run)
 
 
-def _cuda_fourier(node: Node):
+def _cuda_fourier(request: KernelRequest) -> Kernel:
     from numba import cuda
 
+    node = request.node
     _check_device(node, "cuda")
     h, w, polar, eps, table_shape, c = _fourier_setup(node)
     tables = _fourier_tables
@@ -399,7 +407,7 @@ def _cuda_fourier(node: Node):
         g = np.empty(table_shape, c)
         tables(states.copy_to_host(), polar, eps, h, w, g)
         _launch(_cuda_kernel("fourier"), size, value, activity, mask, cuda.to_device(g), h, w, out)
-    return run
+    return plain_kernel(run)
 
 
 OBSERVED = ("value", "states", "mask", "activity")
@@ -418,19 +426,19 @@ SPECS = [
              dtypes={"value": "floating", "states": "floating", "mask": "boolean", "activity": "floating|boolean"},
              attributes=frozenset(), infer=infer_identity,
              free_axes=every_axis,
-             kernels={"reference": node_kernel(_ref_identity), "cpu": node_kernel(_cpu_identity), "cuda": node_kernel(_cuda_identity)},
+             kernels={"reference": _ref_identity, "cpu": _cpu_identity, "cuda": _cuda_identity},
              summary="value [b,n,d] seen by each state [b,t,s]: mask ? value·activity : 0"),
     AtomSpec(name="observe-affine", refs=refs_for("observe-affine"), inputs=OBSERVED + ("weight", "bias"),
              dtypes={"value": "floating", "states": "floating", "mask": "boolean", "activity": "floating|boolean", "weight": "floating", "bias": "floating"},
              attributes=frozenset({"scale"}), infer=infer_affine,
              free_axes=_free_but(3),
-             kernels={"reference": node_kernel(_ref_affine), "cpu": node_kernel(_cpu_affine), "cuda": node_kernel(_cuda_affine)},
+             kernels={"reference": _ref_affine, "cpu": _cpu_affine, "cuda": _cuda_affine},
              summary="value modulated by tanh of states·weightᵀ + bias, per state"),
     AtomSpec(name="observe-fourier", refs=refs_for("observe-fourier"), inputs=OBSERVED,
              dtypes={"value": "floating", "states": "floating", "mask": "boolean", "activity": "floating|boolean"},
              attributes=frozenset({"spatial_shape", "state_mode", "direction_epsilon", "compile_policy"}),
              infer=infer_fourier,
-             kernels={"reference": node_kernel(_ref_fourier), "cpu": node_kernel(_cpu_fourier), "cuda": node_kernel(_cuda_fourier)},
+             kernels={"reference": _ref_fourier, "cpu": _cpu_fourier, "cuda": _cuda_fourier},
              scratch_bytes=fourier_scratch,
              free_axes=_free_but(2),
              summary="the value's [H, W] image shifted circularly by each state's (dx, dy)"),

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp, axes_except, every_axis
-from runtime.plugins.kernel import node_kernel
+from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 from runtime.core.errors import json_kind
-from runtime.kernels.layout import align_to
+from runtime.toolkit import align_to
 from runtime.core.types import NAME_RE, TensorType
 
 from ._refs import refs_for
@@ -121,7 +121,8 @@ def _node_frequencies(node: Node, width: int) -> np.ndarray:
 
 # --- reference ---------------------------------------------------------------------------
 
-def _ref_sinusoidal(node: Node):
+def _ref_sinusoidal(request: KernelRequest) -> Kernel:
+    node = request.node
     width = node.attributes["feature_size"]
     omega = _node_frequencies(node, width)
     c = omega.dtype
@@ -131,10 +132,11 @@ def _ref_sinusoidal(node: Node):
         with np.errstate(all="ignore"):
             out[..., 0::2] = np.sin(theta)
             out[..., 1::2] = np.cos(theta)[..., :width // 2]  # odd W: the last cosine dropped
-    return run
+    return plain_kernel(run)
 
 
-def _ref_relative(node: Node):
+def _ref_relative(request: KernelRequest) -> Kernel:
+    node = request.node
     lt, rt = node.input_types
     target = node.output_type
     c = np.dtype(np.int64) if lt.dtype == "int64" else compute_dtype(lt.dtype)
@@ -143,7 +145,7 @@ def _ref_relative(node: Node):
         left, right = (align_to(np.asarray(x), t, target).astype(c) for x, t in zip(inputs, (lt, rt)))
         with np.errstate(all="ignore"):
             out[...] = left - right
-    return run
+    return plain_kernel(run)
 
 
 def _rotary_layout(node: Node) -> tuple[int, int, TensorType]:
@@ -156,7 +158,8 @@ def _rotary_layout(node: Node) -> tuple[int, int, TensorType]:
     return position, width, vt.evolve(sizes=tuple(sizes))
 
 
-def _ref_rotary(node: Node):
+def _ref_rotary(request: KernelRequest) -> Kernel:
+    node = request.node
     vt, ct = node.input_types
     position, width, pairs = _rotary_layout(node)
     omega = _node_frequencies(node, width)
@@ -174,7 +177,7 @@ def _ref_rotary(node: Node):
             y[..., 0::2] = x0 * cs - x1 * sn
             y[..., 1::2] = x0 * sn + x1 * cs
         out[...] = np.moveaxis(y, -1, position)
-    return run
+    return plain_kernel(run)
 
 
 # --- cpu / cuda: generated loop nests over the pair space --------------------------------
@@ -222,9 +225,10 @@ def _keepdims_coordinates(node: Node) -> tuple[TensorType, tuple[int, ...]]:
     return ct, ct.shape + (1,)
 
 
-def _cpu_sinusoidal(node: Node):
-    from runtime.backends import cpu_codegen as cg
+def _cpu_sinusoidal(request: KernelRequest) -> Kernel:
+    from runtime.toolkit import cpu as cg
 
+    node = request.node
     width = node.attributes["feature_size"]
     ct, cshape = _keepdims_coordinates(node)
     out_dt = cg.numba_type(node.output_type.dtype, node.path, "position-sinusoidal")
@@ -242,15 +246,15 @@ def _cpu_sinusoidal(node: Node):
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         co = cg.contiguous(np.asarray(inputs[0])).reshape(cshape)
         kernel([co, omega, out.reshape(ct.shape + (width,))], space, math.prod(space) * 2)
-    run.warm = kernel.warm
-    return run
+    return plain_kernel(run, warm=kernel.warm)
 
 
-def _cuda_sinusoidal(node: Node):
+def _cuda_sinusoidal(request: KernelRequest) -> Kernel:
     from numba import cuda
 
-    from runtime.backends import cuda_codegen as cg
+    from runtime.toolkit import cuda as cg
 
+    node = request.node
     width = node.attributes["feature_size"]
     ct, cshape = _keepdims_coordinates(node)
     cg.numba_type(node.output_type.dtype, node.path, "position-sinusoidal", "cuda")
@@ -265,7 +269,7 @@ def _cuda_sinusoidal(node: Node):
 
     def run(inputs, out) -> None:
         kernel([inputs[0].reshape(cshape), omega, out.reshape(ct.shape + (width,))], n)
-    return run
+    return plain_kernel(run)
 
 
 def _rotary_table_body(rank: int, position: int, pattern: Sequence[bool], one: str) -> list[str]:
@@ -284,7 +288,7 @@ def _rotary_table_body(rank: int, position: int, pattern: Sequence[bool], one: s
 
 def _rotary_tables(node: Node) -> tuple[tuple[int, ...], int]:
     """(keepdims shape of the cos/sin tables, elements of the converted coordinates)."""
-    from runtime.backends.cpu_codegen import broadcast_axes
+    from runtime.toolkit.cpu import broadcast_axes
 
     _, ct = node.input_types
     position, width, pairs = _rotary_layout(node)
@@ -311,11 +315,12 @@ def frequency_scratch(node: Node, backend: str) -> int:
     return -(-width // 2) * compute_dtype(node.output_type.dtype).itemsize
 
 
-def _cpu_rotary(node: Node):
+def _cpu_rotary(request: KernelRequest) -> Kernel:
     """cos θ and sin θ are computed once per (coordinate, pair) with NumPy's vectorised sin and
     cos (the value's other axes, heads say, share them), then the rotation is one loop nest."""
-    from runtime.backends import cpu_codegen as cg
+    from runtime.toolkit import cpu as cg
 
+    node = request.node
     vt, ct = node.input_types
     position, width, pairs = _rotary_layout(node)
     dt = cg.numba_type(vt.dtype, node.path, "position-rotary")
@@ -343,15 +348,15 @@ def _cpu_rotary(node: Node):
         cos = np.cos(theta)
         np.sin(theta, out=theta)
         kernel([cg.contiguous(value), cos, theta, out], space)
-    run.warm = kernel.warm
-    return run
+    return plain_kernel(run, warm=kernel.warm)
 
 
-def _cuda_rotary(node: Node):
+def _cuda_rotary(request: KernelRequest) -> Kernel:
     from numba import cuda
 
-    from runtime.backends import cuda_codegen as cg
+    from runtime.toolkit import cuda as cg
 
+    node = request.node
     vt, ct = node.input_types
     position, width, pairs = _rotary_layout(node)
     cg.numba_type(vt.dtype, node.path, "position-rotary", "cuda")
@@ -369,7 +374,7 @@ def _cuda_rotary(node: Node):
     def run(inputs, out) -> None:
         value, coords = inputs
         kernel([value, cg.align_device(coords, ct, pairs), omega, out], n)
-    return run
+    return plain_kernel(run)
 
 
 SPECS = [
@@ -378,21 +383,21 @@ SPECS = [
              inputs=("coordinates",),
              attributes=frozenset({"feature_axis", "feature_size", "dtype", "base"}),
              infer=infer_sinusoidal,
-             kernels={"reference": node_kernel(_ref_sinusoidal), "cpu": node_kernel(_cpu_sinusoidal), "cuda": node_kernel(_cuda_sinusoidal)},
+             kernels={"reference": _ref_sinusoidal, "cpu": _cpu_sinusoidal, "cuda": _cuda_sinusoidal},
              scratch_bytes=frequency_scratch,
              free_axes=axes_except("feature_axis"),
              summary="interleaved sin/cos features of coordinates along a new last axis"),
     AtomSpec(name="position-relative", refs=refs_for("position-relative"), inputs=("left", "right"),
              dtypes={"left": "coordinate", "right": "coordinate"},
              attributes=frozenset(), infer=infer_relative,
-             kernels={"reference": node_kernel(_ref_relative), "cpu": _elementwise_cpu, "cuda": _elementwise_cuda},
+             kernels={"reference": _ref_relative, "cpu": _elementwise_cpu, "cuda": _elementwise_cuda},
              elementwise=lambda node: ScalarOp("({0} - {1})"),
              free_axes=every_axis,
              summary="left - right broadcast by axis name (an outer difference over unshared axes)"),
     AtomSpec(name="position-rotary", refs=refs_for("position-rotary"), inputs=("value", "coordinates"),
              dtypes={"value": "floating", "coordinates": "coordinate"},
              attributes=frozenset({"feature_axis", "base"}), infer=infer_rotary,
-             kernels={"reference": node_kernel(_ref_rotary), "cpu": node_kernel(_cpu_rotary), "cuda": node_kernel(_cuda_rotary)},
+             kernels={"reference": _ref_rotary, "cpu": _cpu_rotary, "cuda": _cuda_rotary},
              scratch_bytes=rotary_scratch,
              free_axes=axes_except("feature_axis"),
              summary="rotary embedding: adjacent feature pairs rotated by coordinate x frequency"),

@@ -14,10 +14,9 @@ from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Linear, Node, every_axis
 from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, Counts, Kernel, KernelRequest, const_int, flat_input,
-                                    node_kernel, plain_kernel)
+                                    plain_kernel)
 from runtime.core import settings
-from runtime.core.errors import fail
-from runtime.kernels.twins import Twins
+from runtime.toolkit import Twins, check_dtypes
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
 from ._refs import refs_for
@@ -46,7 +45,8 @@ def sum_in_order(value: np.ndarray, position: int, acc: np.dtype) -> np.ndarray:
     return total
 
 
-def _reference(node: Node):
+def _reference(request: KernelRequest) -> Kernel:
+    node = request.node
     t = node.input_types[0]
     position = t.axes.index(node.attributes["axis"])
     acc = numpy_dtype(accumulation_dtype(t.dtype, node.attributes["accumulation_dtype"]))
@@ -54,14 +54,11 @@ def _reference(node: Node):
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         with np.errstate(over="ignore"):  # the cast back may overflow to inf, as specified
             out[...] = sum_in_order(inputs[0], position, acc)
-    return run
+    return plain_kernel(run)
 
 
 def _check_device(node: Node, backend: str) -> None:
-    dtype = node.input_types[0].dtype
-    if dtype not in DEVICE_DTYPES:
-        fail("backend_unavailable", node.path,
-             f"reduce has no {backend} kernel for {dtype}; use backend='reference'")
+    check_dtypes(node, backend, DEVICE_DTYPES, node.input_types[:1])
 
 
 def _cuda_layout(node: Node) -> tuple[int, int, bool]:
@@ -191,8 +188,8 @@ def cpu_sum(request: KernelRequest) -> Kernel:
     the output check (``check_outputs``)."""
     node = request.node
     checked = request.count_inputs
-    from runtime.kernels import simd
-    from runtime.backends import cpu_codegen as cg
+    from runtime.toolkit.cpu import simd
+    from runtime.toolkit import cpu as cg
 
     _check_device(node, "cpu")
     cg.numba_type(node.input_types[0].dtype, node.path, "reduce")
@@ -224,10 +221,10 @@ def cpu_sum(request: KernelRequest) -> Kernel:
     return plain_kernel(run, counts, warm=SUM.warm, compiled=compiled)
 
 
-def cuda_run(node: Node, name: str, what: str, body: Callable[[int, int], list[str]]):
-    """The CUDA run of a reduction over the node's axis (reduce and reduce@2): a thread per
+def cuda_kernel(node: Node, name: str, what: str, body: Callable[[int, int], list[str]]) -> Kernel:
+    """The CUDA kernel of a reduction over the node's axis (reduce and reduce@2): a thread per
     output element runs ``body(axis position, rank of the thread space)``."""
-    from runtime.backends import cuda_codegen as cg
+    from runtime.toolkit import cuda as cg
 
     position, rank, lead = _cuda_layout(node)
     space = [k for k in range(rank) if k != position]
@@ -242,12 +239,13 @@ def cuda_run(node: Node, name: str, what: str, body: Callable[[int, int], list[s
         if lead:
             v, out = v.reshape((1,) + shape), out.reshape((1,))
         kernel([v, out], n)
-    return run
+    return plain_kernel(run)
 
 
-def _cuda(node: Node):
+def _cuda(request: KernelRequest) -> Kernel:
+    node = request.node
     _check_device(node, "cuda")
-    return cuda_run(node, "cureduce", "reduce sum", lambda position, rank: _body(position, rank, lambda k: k))
+    return cuda_kernel(node, "cureduce", "reduce sum", lambda position, rank: _body(position, rank, lambda k: k))
 
 
 def linear_reduce(node: Node) -> Linear | None:
@@ -263,7 +261,7 @@ SPECS = [
     AtomSpec(name="reduce", refs=refs_for("reduce"), inputs=("value",),
              dtypes={"value": "numeric"},
              attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce,
-             kernels={"reference": node_kernel(_reference), "cpu": cpu_sum, "cuda": node_kernel(_cuda)},
+             kernels={"reference": _reference, "cpu": cpu_sum, "cuda": _cuda},
              free_axes=every_axis, linear=linear_reduce,
              summary="sum over one axis in index order (deterministic); the axis is removed"),
 ]

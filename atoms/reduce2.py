@@ -15,15 +15,16 @@ from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, every_axis
 from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, Kernel, KernelRequest, const_array, const_int,
-                                    flat_input, node_kernel, plain_kernel)
-from runtime.core.errors import fail
-from runtime.kernels.twins import Twins
+                                    flat_input, plain_kernel)
+from runtime.toolkit import Twins, check_dtypes
 from runtime.core.types import TensorType
-from runtime.kernels.vmath import vexp
+from runtime.toolkit.cpu import vmath
 
 from ._refs import refs_for
-from .reduce import (JIT_OPTIONS, SUM, TASKS_PER_THREAD, cpu_sum, cuda_run, linear_reduce, parallel_at, split_axis,
+from .reduce import (JIT_OPTIONS, SUM, TASKS_PER_THREAD, cpu_sum, cuda_kernel, linear_reduce, parallel_at, split_axis,
                      sum_parallel, sum_serial)
+
+vexp = vmath.vexp  # (called by the kernels below)
 
 MODES_V2 = ("sum", "mean", "amax", "logsumexp")
 FLOAT_KERNEL_DTYPES = ("float32", "float64")  # half operands arrive widened (SPEC §3b.1)
@@ -60,7 +61,8 @@ def reduce2_numpy(x: np.ndarray, position: int, mode: str) -> np.ndarray:
         return shift + np.log(s)
 
 
-def _reference2(node: Node):
+def _reference2(request: KernelRequest) -> Kernel:
+    node = request.node
     t = node.input_types[0]
     position = t.axes.index(node.attributes["axis"])
     mode = node.attributes["mode"]
@@ -69,14 +71,11 @@ def _reference2(node: Node):
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         with np.errstate(over="ignore"):  # rounding to a half dtype may overflow to inf
             out[...] = reduce2_numpy(np.asarray(inputs[0]).astype(c), position, mode)
-    return run
+    return plain_kernel(run)
 
 
 def _check_device2(node: Node, backend: str) -> None:
-    dtype = node.input_types[0].dtype
-    if dtype not in FLOAT_KERNEL_DTYPES:
-        fail("backend_unavailable", node.path,
-             f"reduce@2 has no {backend} kernel for {dtype} operands; use backend='reference'")
+    check_dtypes(node, backend, FLOAT_KERNEL_DTYPES, node.input_types[:1])
 
 
 # amax over contiguous rows: LANES running maxima, updated lane-wise (a vector select), then
@@ -196,7 +195,7 @@ MEAN = Twins(mean_serial, mean_parallel)
 
 def _cpu2(request: KernelRequest) -> Kernel:
     """sum and mean: reduce@1's kernel (mean then divides); amax and logsumexp: column tasks."""
-    from runtime.backends import cpu_codegen as cg
+    from runtime.toolkit import cpu as cg
 
     node = request.node
     _check_device2(node, "cpu")
@@ -253,17 +252,18 @@ def _body2(position: int, space_rank: int, mode: str) -> list[str]:
     return lines + [f"out[{', '.join(names)}] = {result}"]
 
 
-def _cuda2(node: Node):
+def _cuda2(request: KernelRequest) -> Kernel:
+    node = request.node
     _check_device2(node, "cuda")
     mode = node.attributes["mode"]
-    return cuda_run(node, "cureduce2", f"reduce@2 {mode}", lambda position, rank: _body2(position, rank, mode))
+    return cuda_kernel(node, "cureduce2", f"reduce@2 {mode}", lambda position, rank: _body2(position, rank, mode))
 
 
 SPECS = [
     AtomSpec(name="reduce@2", refs=refs_for("reduce", 2), inputs=("value",),
              dtypes={"value": "floating"},
              attributes=frozenset({"axis", "mode", "accumulation_dtype"}), infer=infer_reduce2,
-             kernels={"reference": node_kernel(_reference2), "cpu": _cpu2, "cuda": node_kernel(_cuda2)},
+             kernels={"reference": _reference2, "cpu": _cpu2, "cuda": _cuda2},
              free_axes=every_axis, linear=linear_reduce,
              summary="sum, mean, amax or logsumexp (stable) over one axis; the axis is removed"),
 ]

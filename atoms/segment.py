@@ -17,10 +17,9 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except
-from runtime.kernels.twins import Twins
-from runtime.plugins.kernel import node_kernel
+from runtime.toolkit import Twins, align_to
+from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 from runtime.core.errors import fail
-from runtime.kernels.layout import align_to
 from runtime.core.types import TensorType
 
 from . import _rows
@@ -87,7 +86,8 @@ def check_segment_ids(node: Node, host: Sequence) -> None:
 
 # --- reference ---------------------------------------------------------------------------------
 
-def _ref_segment(node: Node):
+def _ref_segment(request: KernelRequest) -> Kernel:
+    node = request.node
     tv, ti, tm = node.input_types
     p = tv.axes.index(node.attributes["axis"])
     count, mode = node.attributes["num_segments"], node.attributes["mode"]
@@ -123,7 +123,7 @@ def _ref_segment(node: Node):
                     g = np.where(members > 0, g / np.maximum(members, 1), 0)
             y = g.reshape(lead + (count,))
         out[...] = np.moveaxis(y, -1, p).astype(out.dtype)
-    return run
+    return plain_kernel(run)
 
 
 # --- cpu ----------------------------------------------------------------------------------------
@@ -227,7 +227,8 @@ def cpu_tasks(node: Node) -> tuple[bool, int, int]:
     return True, min(rows, _rows.threads() * TASKS_PER_THREAD), rows
 
 
-def _cpu_segment(node: Node):
+def _cpu_segment(request: KernelRequest) -> Kernel:
+    node = request.node
     dt = float_kernel_dtype(node, "cpu")
     parallel, ntask, rows = cpu_tasks(node)
     kernel = SEGMENT.pick(parallel)
@@ -244,8 +245,7 @@ def _cpu_segment(node: Node):
         r, along = args
         kernel(views[0][0].view(dt), views[1][0].view(np.int64), views[2][0], out.reshape(-1), r.shape,
                r.strides, _i64([views[0][1], views[1][1], views[2][1], 0]), *along, n, count, mode, rows, ntask)
-    run.warm = SEGMENT.warm
-    return run
+    return plain_kernel(run, warm=SEGMENT.warm)
 
 
 # --- cuda ---------------------------------------------------------------------------------------
@@ -311,11 +311,12 @@ def kernel(x, ids, mask, out, shape, st, vs, js, ms, os, n, count, mode, acc, cn
 '''
 
 
-def _cuda_segment(node: Node):
+def _cuda_segment(request: KernelRequest) -> Kernel:
     from numba import cuda
 
-    from runtime.backends.cuda_codegen import SpaceKernel
+    from runtime.toolkit.cuda import SpaceKernel
 
+    node = request.node
     dt = float_kernel_dtype(node, "cuda")
     kernel = SpaceKernel("cusegment", CUDA_SEGMENT_SOURCE)
     r, along = segment_rows(node, [c_strides(t.shape) for t in node.input_types])
@@ -331,7 +332,7 @@ def _cuda_segment(node: Node):
         kernel([device_bits(inputs[0]).view(dt), device_bits(inputs[1]).view(np.int64), device_bits(inputs[2]),
                 out.reshape((max(1, node.output_type.elements),)), shape, st, *along, n, count, mode,
                 acc, cnt, mx, rows], rows)
-    return run
+    return plain_kernel(run)
 
 
 def scratch_bytes(node: Node, backend: str) -> int:
@@ -350,7 +351,7 @@ SPECS = [
              dtypes={"value": "floating", "ids": "int64", "mask": "boolean"},
              attributes=frozenset({"axis", "segment_axis", "num_segments", "mode", "accumulation_dtype"}),
              infer=infer_segment,
-             kernels={"reference": node_kernel(_ref_segment), "cpu": node_kernel(_cpu_segment), "cuda": node_kernel(_cuda_segment)},
+             kernels={"reference": _ref_segment, "cpu": _cpu_segment, "cuda": _cuda_segment},
              check_values=check_segment_ids, checked_inputs=(1, 2), scratch_bytes=scratch_bytes,
              free_axes=axes_except("axis", "segment_axis"),
              summary="sum, mean, amax or softmax over id groups along one axis (masked entries ignored)"),

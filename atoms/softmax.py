@@ -11,9 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except
-from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel, plain_kernel
-from runtime.core.errors import fail
-from runtime.kernels.layout import align_to
+from runtime.plugins.kernel import Counts, Kernel, KernelRequest, plain_kernel
+from runtime.toolkit import KERNEL_FLOATS, align_to, check_dtypes
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
 from ._refs import refs_for
@@ -43,7 +42,8 @@ def masked_softmax_numpy(x: np.ndarray, mask: np.ndarray, position: int) -> np.n
     return np.moveaxis(res, -1, position)
 
 
-def _reference(node: Node):
+def _reference(request: KernelRequest) -> Kernel:
+    node = request.node
     lt, mt = node.input_types
     position = lt.axes.index(node.attributes["axis"])
     acc = numpy_dtype(accumulation_dtype(lt.dtype, node.attributes["accumulation_dtype"]))
@@ -52,14 +52,11 @@ def _reference(node: Node):
         logits, mask = inputs
         m = align_to(np.asarray(mask), mt, lt)
         out[...] = masked_softmax_numpy(np.asarray(logits).astype(acc), m, position)
-    return run
+    return plain_kernel(run)
 
 
 def _check_device(node: Node, backend: str) -> None:
-    dtype = node.input_types[0].dtype
-    if dtype not in ("float32", "float64"):
-        fail("backend_unavailable", node.path,
-             f"masked-softmax has no {backend} kernel for {dtype}; use backend='reference'")
+    check_dtypes(node, backend, KERNEL_FLOATS, node.input_types[:1])
 
 
 def _indexing(position: int, space_rank: int, mask_broadcast: Sequence[bool], wrap):
@@ -181,9 +178,9 @@ def _keepdims(mask: np.ndarray, mt: TensorType, lt: TensorType) -> np.ndarray:
 def _cpu(request: KernelRequest) -> Kernel:
     """Asked to count the logits (``count_inputs`` has 0), the kernel also counts their NaN
     and ±inf entries (masked ones too), read in the pass that finds each row's maximum."""
-    node = request.node
-    from runtime.backends import cpu_codegen as cg
+    from runtime.toolkit import cpu as cg
 
+    node = request.node
     _check_device(node, "cpu")
     lt, mt = node.input_types
     position, rank, lead, pattern = _layout(node)
@@ -211,9 +208,10 @@ def _cpu(request: KernelRequest) -> Kernel:
     return plain_kernel(run, Counts(inputs=(0,) if check else ()), warm=kernel.warm)
 
 
-def _cuda(node: Node):
-    from runtime.backends import cuda_codegen as cg
+def _cuda(request: KernelRequest) -> Kernel:
+    from runtime.toolkit import cuda as cg
 
+    node = request.node
     _check_device(node, "cuda")
     lt, mt = node.input_types
     position, rank, lead, pattern = _layout(node)
@@ -231,14 +229,14 @@ def _cuda(node: Node):
         if lead:
             logits, m, out = logits.reshape(shape), m.reshape((1,) + tuple(m.shape)), out.reshape(shape)
         kernel([logits, m, out], n)
-    return run
+    return plain_kernel(run)
 
 
 SPECS = [
     AtomSpec(name="masked-softmax", refs=refs_for("masked-softmax"), inputs=("logits", "mask"),
              dtypes={"logits": "floating", "mask": "boolean"},
              attributes=frozenset({"axis", "accumulation_dtype"}), infer=infer_masked_softmax,
-             kernels={"reference": node_kernel(_reference), "cpu": _cpu, "cuda": node_kernel(_cuda)},
+             kernels={"reference": _reference, "cpu": _cpu, "cuda": _cuda},
              free_axes=axes_except("axis"), role="masked-softmax",
              summary="stable softmax over visible entries along an axis; masked entries 0"),
 ]

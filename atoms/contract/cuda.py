@@ -6,9 +6,7 @@ import math
 
 import numpy as np
 
-from runtime.kernels.codegen import configure_numba_cache, load_generated
-from runtime.kernels.layout import c_strides
-from runtime.plan.fusion import EMPTY_EPILOGUE, Epilogue
+from runtime.toolkit import EMPTY_EPILOGUE, Epilogue, c_strides, configure_numba_cache, load_generated
 from runtime.plugins.kernel import Counts, Kernel, KernelRequest
 
 from .lowering import anchor_dtype, group_offsets, keepdims_strides, node_lowering

@@ -8,10 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.execution.bindings import value_is_finite
-from runtime.kernels.codegen import configure_numba_cache, load_generated
-from runtime.kernels.layout import keepdims_is_reshape
-from runtime.plan.fusion import EMPTY_EPILOGUE
+from runtime.toolkit import EMPTY_EPILOGUE, configure_numba_cache, keepdims_is_reshape, load_generated, value_is_finite
 from runtime.plugins import kernel as calls
 from runtime.plugins.kernel import CompiledCall, Counts, Kernel, KernelRequest
 

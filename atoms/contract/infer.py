@@ -70,6 +70,6 @@ def infer_contract(ctx: InferContext) -> TensorType:
 
 
 def _kind(v) -> str:
-    from runtime.plugins.atomspec import _json_kind
+    from runtime.core.errors import json_kind
 
-    return _json_kind(v)
+    return json_kind(v)

@@ -12,10 +12,8 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from runtime.core.errors import FormulaError
 from runtime.core.types import TensorType
-from runtime.kernels.layout import c_strides
-from runtime.plan.fusion import Epilogue
+from runtime.toolkit import Epilogue, KERNEL_DTYPES, c_strides, no_kernel
 from runtime.plugins.atomspec import Node
 
 _NUMBA_FLOATS = {"float32": "float32", "float64": "float64"}
@@ -167,17 +165,15 @@ def numba_float(dtype: str, node, backend: str) -> str:
     try:
         return _NUMBA_FLOATS[dtype]
     except KeyError:
-        raise FormulaError("backend_unavailable", node.path,
-                           f"contract has no {backend} kernel for {dtype}; use backend='reference'") from None
+        raise no_kernel("contract", backend, dtype, node.path) from None
 
 
 def anchor_dtype(node, epilogue: Epilogue, backend: str) -> str:
     """The numba float type of an anchor's operands, once its epilogue operands are known to
     be of dtypes the generated kernels handle (``backend_unavailable`` otherwise)."""
     for t in epilogue.extra_types:
-        if t.dtype not in ("float32", "float64", "int64", "boolean"):
-            raise FormulaError("backend_unavailable", node.path,
-                               f"contract epilogue has no {backend} kernel for {t.dtype}; use backend='reference'")
+        if t.dtype not in KERNEL_DTYPES:
+            raise no_kernel("contract epilogue", backend, t.dtype, node.path)
     return numba_float(node.input_types[0].dtype, node, backend)
 
 

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.core.types import accumulation_dtype, numpy_dtype
-from runtime.kernels.tiers import first_tier
+from runtime.toolkit import first_tier
 from runtime.plugins.atomspec import Node
-from runtime.plugins.kernel import node_kernel
+from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 
 from .lowering import as_batched, lower
 
@@ -18,9 +18,10 @@ def _acc(node: Node) -> np.dtype:
     return numpy_dtype(accumulation_dtype(t.dtype, node.attributes["accumulation_dtype"]))
 
 
-def _ref(node: Node):
+def reference_kernel(request: KernelRequest) -> Kernel:
     """np.einsum in the accumulation dtype, cast back: the oracle. Subscripts are integer
     labels per axis name (a reduced pair shares its left axis' label)."""
+    node = request.node
     lt, rt = node.input_types
     pairs = [tuple(p) for p in node.attributes["reduce_axes"]]
     labels: dict[str, int] = {}
@@ -54,7 +55,5 @@ def _ref(node: Node):
             c = np.matmul(a, b).reshape([low.extents[x] for x in natural])
             value = c.transpose([natural.index(x) for x in node.output_type.axes])
         out[...] = value
-    return run
+    return plain_kernel(run)
 
-
-reference_kernel = node_kernel(_ref)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.kernels import simd
-from runtime.kernels import vmath
-from runtime.plan.fusion import Epilogue
+from runtime.toolkit.cpu import simd
+from runtime.toolkit.cpu import vmath
+from runtime.toolkit import Epilogue
 
 from . import micro
 from .lowering import Addressing

@@ -22,7 +22,7 @@ import attrs
 from runtime.core.types import HALF_DTYPES, TensorType
 from runtime.kernels.halfconv import BF16_TO_F32, F16_TO_F32, F32_TO_BF16, F32_TO_F16
 from runtime.plugins.atomspec import AtomSpec, Node
-from runtime.plugins.kernel import node_kernel
+from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 
 WIDE = "~f32"  # suffix of a half slot's float32 temporary (never a valid slot id: no clash)
 
@@ -32,32 +32,33 @@ def _kind(node: Node) -> int:
     return F16_TO_F32 if node.input_types[0].dtype == "float16" else BF16_TO_F32
 
 
-def _cpu_factory(node: Node):
+def _cpu_factory(request: KernelRequest) -> Kernel:
+    node = request.node
     kind = _kind(node)
 
     from runtime.kernels.halfconv_cpu import convert_host, warm_host
 
     def run(inputs: Sequence[Any], out) -> None:
         convert_host(inputs[0], out, kind)
-    run.warm = lambda: warm_host(kind)
-    return run
+    return plain_kernel(run, warm=lambda: warm_host(kind))
 
 
-def _cuda_factory(node: Node):
+def _cuda_factory(request: KernelRequest) -> Kernel:
+    node = request.node
     kind = _kind(node)
 
     from runtime.kernels.halfconv_cuda import convert_device
 
     def run(inputs: Sequence[Any], out) -> None:
         convert_device(inputs[0], out, kind)
-    return run
+    return plain_kernel(run)
 
 
 def _infer_unused(ctx):  # the planner builds these nodes with their types; no program names them
     raise AssertionError("half conversions are planner-made nodes")
 
 
-_KERNELS = {"cpu": node_kernel(_cpu_factory), "cuda": node_kernel(_cuda_factory)}
+_KERNELS = {"cpu": _cpu_factory, "cuda": _cuda_factory}
 WIDEN = AtomSpec("half-widen", ("formula-runtime/half-widen@1",), ("value",), frozenset(), _infer_unused,
                  kernels=_KERNELS, summary="float16/bfloat16 -> float32, exactly (planner-made)")
 NARROW = AtomSpec("half-narrow", ("formula-runtime/half-narrow@1",), ("value",), frozenset(), _infer_unused,
