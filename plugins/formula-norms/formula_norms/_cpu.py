@@ -1,11 +1,12 @@
 """Numba ``@njit`` kernels for the cpu backend.
 
-Norm kernels take the operand as ``(outer, n, inner)`` rows (see ``_common.rows_shape``) and
+Norm kernels take the operand as ``(outer, n, inner)`` rows (``runtime.toolkit.rows_shape``) and
 compute in the operand dtype (on cpu the accumulation dtype always equals it: float32 stays
 float32, float64 stays float64), so constants arrive as typed scalars (``eps``, ``inv_n``,
 ``zero``): a bare ``0.0`` literal would silently promote float32 sums to float64.
-Each norm has a serial and a ``prange`` driver around one ``inline="always"`` row body; the
-parallel one compiles only when a call is large enough to use it.
+Each norm has a serial and a ``prange`` driver around one ``inline="always"`` row body, the
+``Twins`` of ``runtime.toolkit``; the parallel one compiles only when a call is large enough to
+use it (or the plan is warmed).
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import math
 
 import numpy as np
 from numba import njit, prange
+
+from runtime.toolkit import Twins
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -124,6 +127,6 @@ def softplus_flat(x, out):
         out[k] = softplus(x[k])
 
 
-NORMS = {"rms-norm": (rms_norm_serial, rms_norm_parallel),
-         "layer-norm": (layer_norm_serial, layer_norm_parallel)}
+NORMS = {"rms-norm": Twins(rms_norm_serial, rms_norm_parallel),
+         "layer-norm": Twins(layer_norm_serial, layer_norm_parallel)}
 ACTIVATIONS = {"gelu-tanh": gelu_tanh_flat, "softplus": softplus_flat}

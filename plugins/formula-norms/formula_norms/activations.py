@@ -14,8 +14,8 @@ import numpy as np
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp, every_axis
 from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 from runtime.core.types import TensorType
+from runtime.toolkit import KERNEL_FLOATS, check_dtypes, launch_config, readonly_c
 
-from ._common import kernel_dtype, launch_config, readonly_c
 from .gradients import activation_vjp
 from ._refs import refs_for
 
@@ -60,7 +60,7 @@ def _cpu(request: KernelRequest) -> Kernel:
     node = request.node
     from . import _cpu
 
-    kernel_dtype(node, "cpu")
+    check_dtypes(node, "cpu", KERNEL_FLOATS, node.input_types[:1])
     kernel = _cpu.ACTIVATIONS[node.attributes["mode"]]
 
     def run(inputs, out):
@@ -70,7 +70,7 @@ def _cpu(request: KernelRequest) -> Kernel:
 
 def _cuda(request: KernelRequest) -> Kernel:
     node = request.node
-    kernel_dtype(node, "cuda")
+    check_dtypes(node, "cuda", KERNEL_FLOATS, node.input_types[:1])
     from . import _cuda
 
     kernel = _cuda.ACTIVATIONS[node.attributes["mode"]]

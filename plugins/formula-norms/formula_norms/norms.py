@@ -17,8 +17,8 @@ import numpy as np
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except
 from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
+from runtime.toolkit import KERNEL_FLOATS, check_dtypes, launch_config, parallel_threshold, readonly_c, rows_shape
 
-from ._common import kernel_dtype, launch_config, readonly_c, rows_shape
 from .gradients import norm_vjp
 from ._refs import refs_for
 
@@ -62,24 +62,27 @@ def _reference(kind: str):
     return factory
 
 
+def _kernel_dtype(node: Node, backend: str) -> np.dtype:
+    """The dtype the compiled kernels run in; float16/bfloat16 only on the reference oracle."""
+    check_dtypes(node, backend, KERNEL_FLOATS, node.input_types[:1])
+    return np.dtype(node.input_types[0].dtype)
+
+
 # --- cpu: numba njit --------------------------------------------------------------------
 def _cpu(kind: str):
     def factory(request: KernelRequest) -> Kernel:
         node = request.node
-        from runtime.backends.cpu_codegen import PARALLEL_MIN_ELEMENTS
-
         from . import _cpu
 
-        dt = kernel_dtype(node, "cpu")
+        dt = _kernel_dtype(node, "cpu")
         shape3 = rows_shape(node.input_types[0], node.attributes["axis"])
         eps, inv_n, zero = dt.type(node.attributes["epsilon"]), dt.type(1.0 / shape3[1]), dt.type(0)
-        serial, parallel = _cpu.NORMS[kind]
-        big = node.output_type.elements >= PARALLEL_MIN_ELEMENTS and shape3[0] > 1
-        kernel = parallel if big else serial
+        twins = _cpu.NORMS[kind]
+        kernel = twins.pick(node.output_type.elements >= parallel_threshold() and shape3[0] > 1)
 
         def run(inputs, out):
             kernel(readonly_c(inputs[0]).reshape(shape3), out.reshape(shape3), eps, inv_n, zero)
-        return plain_kernel(run)
+        return plain_kernel(run, warm=twins.warm)
     return factory
 
 
@@ -87,7 +90,7 @@ def _cpu(kind: str):
 def _cuda(kind: str):
     def factory(request: KernelRequest) -> Kernel:
         node = request.node
-        dt = kernel_dtype(node, "cuda")
+        dt = _kernel_dtype(node, "cuda")
         from . import _cuda
 
         shape3 = rows_shape(node.input_types[0], node.attributes["axis"])

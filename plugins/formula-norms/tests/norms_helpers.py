@@ -1,11 +1,8 @@
 """Driving one atom's kernels directly, without a program (shared by this folder's tests)."""
 from __future__ import annotations
 
-import numpy as np
-
-from runtime.plugins.atomspec import bind_node
-from runtime.plugins.kernel import KernelRequest
 from runtime.core.types import TensorType
+from runtime.testing import run_kernel as run_atom_kernel
 
 import formula_norms
 
@@ -18,17 +15,5 @@ def ttype(axes, sizes, dtype="float32", domain="d") -> TensorType:
 
 
 def run_kernel(name, attributes, x, axes, backend="reference"):
-    """Bind the atom for ``x`` (axes named ``axes``) and run ``backend``'s kernel on it."""
-    spec = SPECS[name]
-    t = ttype(axes, x.shape, x.dtype.name)
-    node = bind_node(spec, attributes, [t])
-    run = spec.kernels[backend](KernelRequest(node))
-    if backend == "cuda":
-        from numba import cuda
-
-        out = cuda.device_array(x.shape, dtype=x.dtype)
-        run([cuda.to_device(np.ascontiguousarray(x))], (), out)
-        return out.copy_to_host()
-    out = np.empty(x.shape, dtype=x.dtype)
-    run([x], (), out)
-    return out
+    """Run ``backend``'s kernel of the atom ``name`` on ``x`` (axes named ``axes``)."""
+    return run_atom_kernel(SPECS[name], attributes, [ttype(axes, x.shape, x.dtype.name)], [x], backend)
