@@ -259,6 +259,7 @@ def test_a_driver_is_renamed_when_a_kernel_it_calls_changes(tmp_path, monkeypatc
     import sys
 
     from runtime.execution import driver
+    from runtime.kernels import codegen
 
     exe = runtime.compile(norm_program(), "cpu", tiered=False)
     warmed(exe, *norm_values(4, seed=3))
@@ -274,7 +275,7 @@ def test_a_driver_is_renamed_when_a_kernel_it_calls_changes(tmp_path, monkeypatc
     before = driver.sources_stamp(["kernel_mod_for_stamp"])
     assert driver.sources_stamp(["kernel_mod_for_stamp"]) == before  # deterministic
     kernel.write_text("X = 2\n")
-    driver._file_digest.cache_clear()
+    codegen.file_digest.cache_clear()
     assert driver.sources_stamp(["kernel_mod_for_stamp"]) != before
 
 

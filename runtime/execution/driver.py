@@ -19,8 +19,6 @@ a new specialisation of the kernel for), so it reuses the kernels' compiled code
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,7 +27,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from runtime.kernels.codegen import configure_numba_cache, load_generated
+from runtime.kernels.codegen import configure_numba_cache, load_generated, source_stamp
 from runtime.plugins.kernel import CompiledCall, Param
 
 
@@ -145,16 +143,6 @@ def _import_name(kernel: Any) -> tuple[str, str]:
     return module, name
 
 
-@functools.lru_cache(maxsize=None)
-def _file_digest(path: str) -> str:
-    """A digest of the file at ``path`` ("" when it cannot be read)."""
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()[:16]
-    except OSError:
-        return ""
-
-
 def sources_stamp(modules: Sequence[str]) -> str:
     """A digest of the source files of ``modules`` and of the ``runtime.kernels`` package (the
     helpers kernels inline). Numba's disk cache checks only a function's own file, and a driver
@@ -164,8 +152,7 @@ def sources_stamp(modules: Sequence[str]) -> str:
 
     files = sorted({getattr(sys.modules[m], "__file__", None) or "" for m in modules} - {""})
     files += sorted(str(p) for p in Path(runtime.kernels.__file__).parent.glob("*.py"))
-    text = "|".join(f"{Path(f).name}:{_file_digest(f)}" for f in files)
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+    return source_stamp(*files, length=20)
 
 
 def build_segment(plan_launches: Sequence[Any], positions: tuple[int, ...], bindings: frozenset[str]) -> Segment:

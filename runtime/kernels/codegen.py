@@ -12,6 +12,7 @@ ssh refuses loose key files; an unusable directory falls back to a private per-p
 from __future__ import annotations
 
 import atexit
+import functools
 import glob
 import hashlib
 import importlib.util
@@ -32,6 +33,25 @@ _lock = threading.RLock()
 _modules: dict[str, object] = {}
 _usable: dict[Path, Path] = {}  # configured dir -> the dir actually used
 _healing = False
+
+
+@functools.lru_cache(maxsize=None)
+def file_digest(path: str) -> str:
+    """A digest of the file at ``path`` (16 hex digits; "" when it cannot be read), read once."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+def source_stamp(*files: str | os.PathLike, length: int = 16) -> str:
+    """A digest of these source files (name and content): written into generated source by the
+    module whose code the generated kernels call or inline, it stands in for a hand-bumped
+    version number. Numba's disk cache checks only a function's own (generated) file, so an
+    edit of the helpers it calls must rename that file, which this does by itself."""
+    text = "|".join(f"{Path(f).name}:{file_digest(str(f))}" for f in files)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
 def configured_cache_dir() -> Path:

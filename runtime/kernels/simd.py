@@ -9,8 +9,8 @@ load/store, broadcast, fused multiply-add and a horizontal sum. On targets with 
 vectors LLVM splits them.
 
 Names are ``<op>_<f32x8|f64x4|f32x16|f64x8>``; :func:`ops_import` gives generated sources
-their import line (with :data:`VERSION`, so a change here renames every generated module and
-its cache).
+their import line (with :data:`STAMP`, a digest of this file, so an edit here renames every generated
+module and its cache).
 Built on them, ``nonfinite_<f32|f64>(flat, lo, hi)`` is the finiteness scan of SPEC §4 at
 vector speed (:func:`scan_import`).
 """
@@ -21,7 +21,9 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-VERSION = 2
+from runtime.kernels.codegen import source_stamp
+
+STAMP = source_stamp(__file__)  # in the import lines of generated sources
 VECTOR_BYTES = 32
 
 
@@ -171,7 +173,7 @@ def ops_import(dt: str, wide: bool = False) -> str:
     ``wide``: the operations on ``WIDE_BYTES`` vectors)."""
     suffix = f"f{'32' if dt == 'float32' else '64'}x{lanes(dt, wide)}"
     names = ", ".join(f"{op}_{suffix} as v{op}" for op in OPS)
-    return f"from runtime.kernels.simd import {names}  # simd v{VERSION}"
+    return f"from runtime.kernels.simd import {names}  # simd {STAMP}"
 
 
 def _scan(load, zero, fma, hsum, width: int):
@@ -203,5 +205,5 @@ nonfinite_f64 = _scan(load_f64x4, zero_f64x4, fma_f64x4, hsum_f64x4, LANES_F64)
 
 
 def scan_import(dt: str) -> str:
-    """``from runtime.kernels.simd import nonfinite_f32 as _nonfinite`` (versioned like ops_import)."""
-    return f"from runtime.kernels.simd import nonfinite_{'f32' if dt == 'float32' else 'f64'} as _nonfinite  # simd v{VERSION}"
+    """``from runtime.kernels.simd import nonfinite_f32 as _nonfinite`` (stamped like ops_import)."""
+    return f"from runtime.kernels.simd import nonfinite_{'f32' if dt == 'float32' else 'f64'} as _nonfinite  # simd {STAMP}"

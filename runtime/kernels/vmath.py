@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
@@ -51,15 +52,18 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-# Part of every generated source that uses it: a change here must change their text, so
-# Numba's disk cache (keyed by the generated file) never serves kernels built on the old code.
-VERSION = 7
+from runtime.kernels.codegen import source_stamp
+
+# Part of every generated source that uses it, with a digest of this file: an edit here changes
+# their text, so Numba's disk cache (keyed by the generated file) never serves kernels built on
+# the old code.
 IMPORT = (f"from runtime.kernels.vmath import vexp as _vexp, verf as _verf, vtanh as _vtanh, "
-          f"vgelu as _vgelu  # vmath v{VERSION}")
+          f"vgelu as _vgelu  # vmath {source_stamp(__file__)}")
 # log and log1p came later: their own import line, only in the sources that call them, so
-# every source without them (and its cached kernel) stays as it was
-LOG_VERSION = 1
-LOG_IMPORT = f"from runtime.kernels.vlog import vlog as _vlog, vlog1p as _vlog1p  # vmath log v{LOG_VERSION}"
+# every source without them (and its cached kernel) stays as it was (vlog.py inlines helpers
+# of this file: both are in its digest)
+LOG_IMPORT = (f"from runtime.kernels.vlog import vlog as _vlog, vlog1p as _vlog1p  "
+              f"# vmath log {source_stamp(Path(__file__).with_name('vlog.py'), __file__)}")
 # libm calls in generated CPU source -> their vectorisable versions here
 SWAPS = {"math.exp(": "_vexp(", "math.erf(": "_verf(", "math.tanh(": "_vtanh(", "math.log(": "_vlog(",
          "math.log1p(": "_vlog1p("}
