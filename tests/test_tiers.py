@@ -203,6 +203,32 @@ def test_a_plan_warmed_once_is_loaded_at_once_by_the_next_tiered_executable(own_
     _close(result, inputs, banks)
 
 
+def test_a_plan_loaded_from_the_disk_cache_warms_its_variants_in_the_background(own_ready_markers, monkeypatch):
+    """A plan loaded in the foreground (its readiness marker) loads its kernels' other variants
+    (parallel twins, tails) in a background thread from its second run, so a later new extent
+    finds them loaded instead of stalling on them; the first run does not wait behind them."""
+    from runtime.execution.compiled import CompiledPlan
+
+    inputs, banks = _seed(9)
+    warmed = runtime.compile(SEED, "cpu", tiered=False)
+    warmed.run(inputs=inputs, banks=banks)
+    warmed.warm()
+    calls = []
+    real = CompiledPlan.warm
+    monkeypatch.setattr(CompiledPlan, "warm", lambda self: (calls.append(threading.current_thread().name),
+                                                            real(self)))
+    exe = runtime.compile(SEED, "cpu", tiered=True)
+    assert exe.run(inputs=inputs, banks=banks).tier == "cpu"
+    assert calls == []  # (nothing behind the first run)
+    for _ in range(3):
+        _close(exe.run(inputs=inputs, banks=banks), inputs, banks)
+    assert exe.wait_compiled() is True
+    assert calls == ["formula-warm"]
+    wider, wider_banks = _seed(300)  # a new extent: the same kernels, nothing warmed again
+    _close(exe.run(inputs=wider, banks=wider_banks), wider, wider_banks)
+    assert exe.wait_compiled() is True and calls == ["formula-warm"]
+
+
 def test_tiered_is_on_for_cpu_by_default_and_opt_out(monkeypatch):
     monkeypatch.delenv("FORMULA_TIERED", raising=False)
     assert runtime.compile(SEED, "cpu").tiered is True

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,6 +67,10 @@ class CompiledPlan:
         # waiting for the kernels, where the backend has anything to wait for
         self.synchronize = None if type(backend).synchronize is Backend.synchronize else backend.synchronize
         self._runs = 0
+        # loaded from the disk cache in the foreground (tiers): the kernels' other variants load
+        # in the background from this run on, so a new extent does not stall on them
+        self.warm_after: int | None = None
+        self._warm_thread: background.Thread | None = None
 
     def driver(self, values: Mapping[str, Any] | None = None) -> Driver | None:
         """The plan's kernels in compiled calls (:mod:`runtime.execution.driver`), or None: not
@@ -73,10 +78,13 @@ class CompiledPlan:
         background from the plan's :attr:`driver_after`-th run, and compiled there for the types
         of that run's ``values``: no run waits for it, and until it is ready runs launch their
         kernels from Python."""
-        if not self._driver_built:
+        if not self._driver_built or (self.warm_after is not None and self._warm_thread is None):
             with self._lock:
                 self._runs += 1
-                if self._driver_thread is None and self._runs >= self.driver_after:
+                if self.warm_after is not None and self._warm_thread is None and self._runs >= self.warm_after:
+                    self._warm_thread = background.Thread(self._warm_variants, "formula-warm")
+                    self._warm_thread.start()  # (refused once the process exits)
+                if not self._driver_built and self._driver_thread is None and self._runs >= self.driver_after:
                     self._driver_thread = background.Thread(self._build_driver, "formula-driver",
                                                             (dict(values or {}),))
                     self._driver_thread.start()  # (refused once the process exits)
@@ -95,6 +103,14 @@ class CompiledPlan:
                 self.drop_driver(exc, "failed to build")
         self._driver_built = True
 
+    def _warm_variants(self) -> None:
+        try:
+            self.warm()
+        except Exception as exc:  # (the run that needs a failing variant raises its error)
+            if not background.exiting():
+                logging.getLogger("runtime.compile").warning("warming a plan's kernel variants in the "
+                                                             "background failed: %s", exc)
+
     def drop_driver(self, exc: Exception, what: str = "could not take a run's values") -> None:
         """Launch from Python from now on: the compiled driver ``what`` (the error kept as
         :attr:`driver_error`, and logged)."""
@@ -104,11 +120,14 @@ class CompiledPlan:
                                                      "from Python: %s: %s", what, type(exc).__name__, exc)
 
     def wait_driver(self, timeout: float | None = None) -> bool:
-        """Wait for the drivers building in the background; True when none is left."""
-        thread = self._driver_thread
-        if thread is not None:
-            thread.join(timeout)
-            return not thread.is_alive()
+        """Wait for the drivers (and kernel variants) building in the background; True when
+        none is left."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in (self._warm_thread, self._driver_thread):
+            if thread is not None:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                if thread.is_alive():
+                    return False
         return True
 
     def warm(self) -> None:

@@ -21,6 +21,11 @@ from runtime.kernels.codegen import mark_ready, ready_marker
 from runtime.kernels.tiers import running_first_tier
 
 
+# a plan loaded from the disk cache in the foreground warms its kernels' variants in the
+# background from its second run: the first run's own kernel loads do not wait behind them
+WARM_AFTER_RUNS = 2
+
+
 def tiered_default(backend: str, tiered: bool | None) -> bool:
     """Whether runs are tiered: ``tiered`` when given, else on for ``cpu`` unless the
     environment says ``FORMULA_TIERED=0``. Never for ``reference`` (it compiles nothing)."""
@@ -69,9 +74,15 @@ class Tiers:
             error = self._errors.get(key)
         if error is not None:
             raise error
-        if known or ready_marker(builder.ready_key(dtypes, resident)).is_file():
-            # (kernels of these dtypes are in the disk cache: loading them beats the reference tier)
+        if known:
             return builder.compiled(dict(bound.dims), dtypes, resident)
+        if ready_marker(builder.ready_key(dtypes, resident)).is_file():
+            # kernels of these dtypes are in the disk cache: loading them beats the reference
+            # tier; their variants (parallel twins, tails) load in the background from the next
+            # run on, so a later new extent finds them loaded (the compiled tier warms them too)
+            compiled = builder.compiled(dict(bound.dims), dtypes, resident)
+            compiled.warm_after = WARM_AFTER_RUNS
+            return compiled
         if key not in self._pending and key not in self._errors:
             # planned here (nothing compiled) so that a refused ScalarOp expression or a
             # raising infer is this run's error, not the background compilation's (which
