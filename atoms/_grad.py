@@ -9,7 +9,7 @@ import numpy as np
 from runtime.core.errors import fail
 from runtime.core.types import HALF_DTYPES, TensorType, dtypes_compatible, is_float
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node
-from runtime.plugins.kernel import node_kernel
+from runtime.toolkit import KERNEL_FLOATS, check_dtypes
 
 from . import _rows
 from .elementwise import require_identical
@@ -81,10 +81,7 @@ def _on(ctx: InferContext, shim: AtomSpec, operand: int) -> InferContext:
 
 def _float_kernel_dtype(node: Node, backend: str) -> None:
     """Row kernels that compute take float32 or float64 (the planner widens half operands)."""
-    for t in node.input_types + (node.output_type,):
-        if t.dtype not in ("float32", "float64"):
-            fail("backend_unavailable", node.path,
-                 f"{node.atom.name} has no {backend} kernel for {t.dtype}; use backend='reference'")
+    check_dtypes(node, backend, KERNEL_FLOATS)
 
 
 def _compilable(*types: TensorType) -> bool:
@@ -121,4 +118,4 @@ def _row_space(space: TensorType, axis: str, members) -> _rows.Rows:
 # --- kernels by backend ---------------------------------------------------------------------------
 
 def _kernels(reference, cpu, cuda) -> dict:
-    return {"reference": node_kernel(reference), "cpu": node_kernel(cpu), "cuda": node_kernel(cuda)}
+    return {"reference": reference, "cpu": cpu, "cuda": cuda}

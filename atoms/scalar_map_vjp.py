@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.core.types import TensorType
-from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp, every_axis
-from runtime.plugins.kernel import node_kernel
+from runtime.plugins.atomspec import AtomSpec, InferContext, ScalarOp, every_axis
+from runtime.plugins.kernel import Kernel, KernelRequest, plain_kernel
 
 from ._grad import SCALAR_MAP_VJP_REF, require_pair
 from .elementwise import MODES_V2, _acc, _cpu as _elementwise_cpu, _cuda as _elementwise_cuda
@@ -103,21 +103,22 @@ def scalar_map_vjp_numpy(mode: str, x: np.ndarray, g: np.ndarray) -> np.ndarray:
     raise ValueError(mode)
 
 
-def _ref_scalar_map_vjp(node: Node):
+def _ref_scalar_map_vjp(request: KernelRequest) -> Kernel:
+    node = request.node
     mode, acc = node.attributes["mode"], _acc(node)
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         x, g = (np.asarray(v).astype(acc) for v in inputs)
         with np.errstate(all="ignore"):  # overflow in the final rounding gives ±inf
             out[...] = scalar_map_vjp_numpy(mode, x, g)
-    return run
+    return plain_kernel(run)
 
 
 SPECS = [
     AtomSpec(name="scalar-map-vjp", refs=(SCALAR_MAP_VJP_REF,), inputs=("value", "cotangent"),
              dtypes={"value": "floating", "cotangent": "floating"},
              attributes=frozenset({"mode", "accumulation_dtype"}), infer=infer_scalar_map_vjp,
-             kernels={"reference": node_kernel(_ref_scalar_map_vjp), "cpu": _elementwise_cpu,
+             kernels={"reference": _ref_scalar_map_vjp, "cpu": _elementwise_cpu,
                       "cuda": _elementwise_cuda},
              elementwise=lambda node: ScalarOp(VJP_EXPRS[node.attributes["mode"]]), inplace=1,
              free_axes=every_axis,

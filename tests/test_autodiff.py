@@ -445,19 +445,19 @@ class _Triple:
     @staticmethod
     def spec():
         from runtime.plugins.atomspec import AtomSpec, ScalarOp, every_axis
-        from runtime.plugins.kernel import node_kernel
+        from runtime.plugins.kernel import plain_kernel
 
         def infer(ctx):
             ctx.require_dtype(0, "floating")
             t = ctx.operands[0]
             return ctx.output(t.axes, t.sizes)
 
-        def ref(node):
+        def ref(request):
             def run(inputs, out):
                 out[...] = 3 * np.asarray(inputs[0])
-            return run
+            return plain_kernel(run)
         return AtomSpec(name="triple", refs=(_Triple.REF,), inputs=("value",), attributes=frozenset(),
-                        infer=infer, kernels={"reference": node_kernel(ref)}, free_axes=every_axis)
+                        infer=infer, kernels={"reference": ref}, free_axes=every_axis)
 
 
 class AtomPlugin:

@@ -182,20 +182,6 @@ def _none(_: Any) -> None:
     return None
 
 
-def node_kernel(make_run: Callable[[Any], Callable[[Sequence[Any], Any], Any]]
-                ) -> Callable[[KernelRequest], Kernel]:
-    """A factory from ``make_run(node) -> fn(inputs, out)``, reading ``fn.warm`` and
-    ``fn.compiled``. Superseded by factories returning :func:`plain_kernel` (which take those
-    as arguments); kept until atoms/gradient.py's factories are rewritten so."""
-    def factory(request: KernelRequest) -> Kernel:
-        fn = make_run(request.node)
-        # (a run may say how to warm it, and how compiled code calls it)
-        return plain_kernel(fn, warm=getattr(fn, "warm", None), compiled=getattr(fn, "compiled", None))
-    factory.__name__ = getattr(make_run, "__name__", "factory")
-    factory.__doc__ = make_run.__doc__
-    return factory
-
-
 # --- refusing a dtype ------------------------------------------------------------------------
 
 # What compiled kernels usually handle: the floats (half operands reach them widened by the
@@ -228,5 +214,5 @@ def request_for(node: Any, epilogue: Any = None, **fields: Any) -> KernelRequest
     return KernelRequest(node, epilogue, **fields)
 
 
-__all__ = ["KernelRequest", "Kernel", "Counts", "NOTHING", "plain_kernel", "node_kernel", "request_for",
+__all__ = ["KernelRequest", "Kernel", "Counts", "NOTHING", "plain_kernel", "request_for",
            "no_kernel", "check_dtypes", "KERNEL_FLOATS", "KERNEL_DTYPES"]

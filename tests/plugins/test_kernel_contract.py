@@ -9,7 +9,8 @@ import runtime
 from runtime.core.errors import FormulaError
 from runtime.plugins.atomspec import AtomSpec
 from runtime.plugins.hookspecs import hookimpl
-from runtime.plugins.kernel import Counts, Kernel, KernelRequest, node_kernel, plain_kernel, request_for
+from runtime.plugins import kernel as contract
+from runtime.plugins.kernel import CompiledCall, Counts, Kernel, plain_kernel, request_for
 from runtime.plugins.registry import Registry
 from runtime.testing import ProgramBuilder
 
@@ -55,11 +56,15 @@ def test_plain_kernel_ignores_the_return_value_unless_it_counts():
     assert not Kernel(lambda i, e, o: None).counts.any
 
 
-def test_node_kernel_and_request_for():
-    seen = []
-    factory = node_kernel(lambda node: (seen.append(node), _twice)[1])
-    kernel = factory(KernelRequest("node"))
-    assert seen == ["node"] and isinstance(kernel, Kernel) and kernel.compiled is None
+def test_plain_kernel_carries_warm_and_compiled_and_request_for():
+    """One idiom: a factory returns ``plain_kernel(run, warm=, compiled=)``; nothing is read
+    from attributes of ``run``."""
+    warmed = []
+    call = CompiledCall(lambda: None, ())
+    kernel = plain_kernel(_twice, warm=lambda: warmed.append(1), compiled=call)
+    kernel.warm()
+    assert warmed == [1] and kernel.compiled is call and not kernel.counts.any
+    assert not hasattr(contract, "node_kernel")
     from runtime.plan.fusion import EMPTY_EPILOGUE
     assert request_for("n", EMPTY_EPILOGUE).epilogue is None  # an empty epilogue is none
     assert request_for("n", count_inputs=(0,)).count_inputs == (0,)
