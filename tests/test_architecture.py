@@ -1,6 +1,7 @@
 """The tree's promises, checked statically: runtime modules import each other one way (no
 cycle, function-level imports included), the core imports no concrete backend, the layers of
-docs/architecture.md hold, and no patch file sits in the tree."""
+docs/architecture.md hold, atom plugins (atoms/ and plugins/) import only the public API and the
+kernel toolkit, and no patch file sits in the tree."""
 from __future__ import annotations
 
 import ast
@@ -130,3 +131,80 @@ def test_every_package_is_in_the_wheel():
     found = {".".join(p.parent.relative_to(ROOT).parts) for top in ("runtime", "atoms")
              for p in (ROOT / top).rglob("__init__.py")}
     assert found - listed == set(), f"packages missing from pyproject.toml: {sorted(found - listed)}"
+
+
+# --- what an atom plugin may import (docs/writing-plugins.md) ----------------------------------
+
+# The public API and the kernel toolkit: the package's own names (``import runtime``), and a
+# module here or under a package here; of each, the names without a leading underscore.
+PUBLIC = ("runtime.core", "runtime.plugins.atomspec", "runtime.plugins.kernel", "runtime.plugins.hookspecs",
+          "runtime.build", "runtime.testing", "runtime.toolkit")
+# Modules of atoms/ allowed more, each for its reason (none today).
+PRIVATE_USES: dict[str, set[str]] = {}
+
+
+def _plugin_sources() -> list[Path]:
+    """The built-in atoms and every plugin's sources and tests under plugins/ (not their
+    build output)."""
+    skip = {"build", "dist", ".venv", "__pycache__"}
+    files = list((ROOT / "atoms").rglob("*.py")) + list((ROOT / "plugins").rglob("*.py"))
+    return sorted(f for f in files if not skip.intersection(f.relative_to(ROOT).parts))
+
+
+def _runtime_imports(path: Path) -> list[tuple[int, str, str | None]]:
+    """(line, module, name) of every runtime import in ``path``, function-level ones included:
+    ``from runtime.x import y`` gives ``("runtime.x.y", ...)`` when ``runtime.x.y`` is a
+    module, else ``("runtime.x", "y")``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, None) for a in node.names if a.name.split(".")[0] == "runtime"]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "runtime":
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                is_module = (ROOT / Path(*sub.split("."))).with_suffix(".py").is_file() or \
+                    (ROOT / Path(*sub.split(".")) / "__init__.py").is_file()
+                found.append((node.lineno, sub, None) if is_module else (node.lineno, node.module, a.name))
+    return sorted(found)
+
+
+def _allowed(module: str, name: str | None) -> bool:
+    public = module == "runtime" or any(module == p or module.startswith(p + ".") for p in PUBLIC)
+    return public and not (name or "").startswith("_") and not module.split(".")[-1].startswith("_")
+
+
+def _plugin_offences(paths) -> list[str]:
+    offences = []
+    for path in paths:
+        rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+        for line, module, name in _runtime_imports(path):
+            if not _allowed(module, name) and module not in PRIVATE_USES.get(rel, set()):
+                offences.append(f"{rel}:{line} imports {module}{'.' + name if name else ''}")
+    return offences
+
+
+def test_atom_plugins_import_only_the_public_api_and_the_toolkit():
+    """atoms/ and plugins/ are plugins like any third party's: what they need of the runtime
+    is the public API or the kernel toolkit (runtime.toolkit), so a plugin author can see
+    what they may use."""
+    offences = _plugin_offences(_plugin_sources())
+    assert not offences, "atom plugins reaching into the runtime's internals (use runtime.toolkit):\n" + \
+        "\n".join(offences)
+
+
+def test_the_plugin_import_rule_catches_internals(tmp_path):
+    """The check fails on a private import, function-level ones and ``from runtime.x import
+    module`` included, and passes the public ones."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from runtime.execution.bindings import value_is_finite\n"
+                   "def f():\n    from runtime.backends import cpu_codegen\n"
+                   "from runtime.plugins.atomspec import _json_kind\n"
+                   "import runtime.kernels.twins\n")
+    good = tmp_path / "good.py"
+    good.write_text("import runtime\nfrom runtime.core.types import TensorType\n"
+                    "from runtime.plugins import kernel\nfrom runtime.toolkit import Twins, no_kernel\n"
+                    "from runtime.toolkit import cpu as cg\nfrom runtime.testing import run_kernel\n")
+    found = [o.split(" imports ")[1] for o in _plugin_offences([bad])]
+    assert found == ["runtime.execution.bindings.value_is_finite", "runtime.backends.cpu_codegen",
+                     "runtime.plugins.atomspec._json_kind", "runtime.kernels.twins"]
+    assert _plugin_offences([good]) == []
