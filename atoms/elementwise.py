@@ -8,7 +8,8 @@ expressions never raise in plain Python and never overflow to NaN (sigmoid/silu 
 ``exp`` only on non-positive arguments; rsqrt guards 0 and negatives), so they behave the
 same under any Numba error model. Note: float literals make Numba evaluate float32 chains in
 float64 registers before the store rounds back; results stay within float32 rounding. The
-exact gelu is the exception on CPU: vmath.vgelu evaluates it in float32 (SPEC: c is float32).
+exact gelu is the exception on CPU: its CPU form, vmath.vgelu, evaluates it in float32 (SPEC: c is
+float32).
 """
 from __future__ import annotations
 
@@ -37,6 +38,14 @@ SCALAR_EXPRS = {
     "silu": "(({0} if {0} >= 0.0 else {0} * math.exp(-abs({0}))) / (1.0 + math.exp(-abs({0}))))",
     "tanh": "math.tanh({0})",
 }
+# The same functions for generated CPU kernels, by runtime.kernels.vmath's vectorisable
+# helpers (ScalarOp.cpu): libm's exp, erf, tanh, log and log1p keep a loop scalar
+SCALAR_CPU = {
+    "gelu": "_vgelu({0})",
+    "sigmoid": "((1.0 if {0} >= 0.0 else _vexp(-abs({0}))) / (1.0 + _vexp(-abs({0}))))",
+    "silu": "(({0} if {0} >= 0.0 else {0} * _vexp(-abs({0}))) / (1.0 + _vexp(-abs({0}))))",
+    "tanh": "_vtanh({0})",
+}
 
 # scalar-map@2 adds nine modes. The guards give IEEE results where plain Python's math
 # raises instead (overflow, log of 0 or x < 0, sin/cos of inf), so every backend agrees.
@@ -52,6 +61,13 @@ SCALAR_EXPRS_V2 = {
     "reciprocal": "((1.0 / {0}) if {0} != 0.0 else math.copysign(math.inf, {0}))",
     "sin": "(math.sin({0}) if math.isfinite({0}) else math.nan)",
     "cos": "(math.cos({0}) if math.isfinite({0}) else math.nan)",
+}
+SCALAR_CPU_V2 = {
+    **SCALAR_CPU,
+    "exp": "(math.inf if {0} > 709.0 else _vexp({0}))",
+    "log": "(_vlog({0}) if {0} > 0.0 else (-math.inf if {0} == 0.0 else math.nan))",
+    "log1p": "(_vlog1p({0}) if {0} > -1.0 else (-math.inf if {0} == -1.0 else math.nan))",
+    "softplus": "({0} if {0} > 20.0 else _vlog1p(_vexp({0})))",
 }
 CAST_DTYPES = ("float16", "bfloat16", "float32", "float64")
 COMPARE_EXPRS = {"eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
@@ -352,6 +368,14 @@ def _op(mode_of):
     return lambda node: ScalarOp(mode_of(node))
 
 
+def _mode_op(exprs, cpu):
+    """The ScalarOp of a node's mode: its expression in ``exprs``, its CPU form in ``cpu``."""
+    def op(node):
+        mode = node.attributes["mode"]
+        return ScalarOp(exprs[mode], cpu=cpu.get(mode))
+    return op
+
+
 def _kernels(reference):
     return {"reference": reference, "cpu": _cpu, "cuda": _cuda}
 
@@ -361,7 +385,7 @@ SPECS = [
              dtypes={"value": "floating"},
              attributes=frozenset({"mode"}), infer=infer_scalar_map,
              kernels=_kernels(_ref_scalar_map),
-             free_axes=every_axis, elementwise=_op(lambda node: SCALAR_EXPRS[node.attributes["mode"]]), inplace=0,
+             free_axes=every_axis, elementwise=_mode_op(SCALAR_EXPRS, SCALAR_CPU), inplace=0,
              summary="elementwise gelu (exact), relu, rsqrt, sigmoid, silu or tanh"),
     AtomSpec(name="scale", refs=refs_for("scale"), inputs=("value", "factor"),
              dtypes={"value": "numeric", "factor": "numeric"},
@@ -383,7 +407,7 @@ SPECS = [
              dtypes={"value": "floating"},
              attributes=frozenset({"mode", "accumulation_dtype"}), infer=infer_scalar_map_v2,
              kernels=_kernels(_ref_scalar_map),
-             free_axes=every_axis, elementwise=_op(lambda node: SCALAR_EXPRS_V2[node.attributes["mode"]]), inplace=0,
+             free_axes=every_axis, elementwise=_mode_op(SCALAR_EXPRS_V2, SCALAR_CPU_V2), inplace=0,
              summary="elementwise: the six @1 modes, abs, exp, expm1, log, log1p, softplus, "
                      "reciprocal, sin, cos; computed in c(acc, d), rounded once"),
     AtomSpec(name="cast", refs=refs_for("cast"), inputs=("value",), attributes=frozenset({"dtype"}),

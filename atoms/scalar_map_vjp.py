@@ -46,6 +46,21 @@ VJP_EXPRS = {
     "cos": "((-{1}) * (math.sin({0}) if math.isfinite({0}) else math.nan))",
 }
 assert set(VJP_EXPRS) == set(MODES_V2)
+# The same derivatives for generated CPU kernels (ScalarOp.cpu): exp, erf and tanh by
+# runtime.kernels.vmath's vectorisable helpers
+_VE = "_vexp(-abs({0}))"
+_VSIGMOID = "((1.0 if {0} >= 0.0 else " + _VE + ") / (1.0 + " + _VE + "))"
+_VONE_MINUS_SIGMOID = "((" + _VE + " if {0} >= 0.0 else 1.0) / (1.0 + " + _VE + "))"
+VJP_CPU = {
+    "gelu": "({1} * (0.5 * (1.0 + _verf(0.7071067811865476 * {0})) + "
+            "(({0} * 0.3989422804014327 * _vexp(-0.5 * {0} * {0})) if abs({0}) < 40.0 else 0.0)))",
+    "sigmoid": "({1} * (" + _VE + " / ((1.0 + " + _VE + ") * (1.0 + " + _VE + "))))",
+    "silu": "({1} * (" + _VSIGMOID + " * (1.0 + {0} * " + _VONE_MINUS_SIGMOID + ")))",
+    "tanh": "({1} * (1.0 - _vtanh({0}) * _vtanh({0})))",
+    "exp": "({1} * (math.inf if {0} > 709.78 else _vexp({0})))",
+    "expm1": "({1} * (math.inf if {0} > 709.78 else _vexp({0})))",
+    "softplus": "({1} if {0} > 20.0 else ({1} * " + _VSIGMOID + "))",
+}
 
 
 def infer_scalar_map_vjp(ctx: InferContext) -> TensorType:
@@ -120,7 +135,8 @@ SPECS = [
              attributes=frozenset({"mode", "accumulation_dtype"}), infer=infer_scalar_map_vjp,
              kernels={"reference": _ref_scalar_map_vjp, "cpu": _elementwise_cpu,
                       "cuda": _elementwise_cuda},
-             elementwise=lambda node: ScalarOp(VJP_EXPRS[node.attributes["mode"]]), inplace=1,
+             elementwise=lambda node: ScalarOp(VJP_EXPRS[node.attributes["mode"]],
+                                                cpu=VJP_CPU.get(node.attributes["mode"])), inplace=1,
              free_axes=every_axis,
              summary="ȳ·f′(x) for every scalar-map@2 mode, elementwise; in c(acc, d), rounded once"),
 ]

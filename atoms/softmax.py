@@ -126,7 +126,7 @@ def _cpu_body(position: int, space_rank: int, mask_broadcast: Sequence[bool], wr
         f"    for k in range(hi, {n}):",
         f"        out[{at('k')}] = 0.0",
         "    for k in range(lo, hi):",
-        f"        e = math.exp(lg[{at('k')}] - mx)",
+        f"        e = _vexp(lg[{at('k')}] - mx)",  # (runtime.kernels.vmath: it vectorises)
         f"        out[{at('k')}] = e if mk[{mat('k')}] else 0.0",
         "    s0 = 0.0",
         "    s1 = 0.0",

@@ -2,6 +2,7 @@
 import math
 
 import numpy as np
+import pytest
 from numba import njit
 
 from runtime.kernels import vmath
@@ -45,19 +46,48 @@ def test_vexp_special_values_match_math_exp_and_subnormals_flush_to_zero():
     np.testing.assert_array_equal(got[5:], 0.0)
 
 
-def test_cpu_code_swaps_exp_erf_tanh_log_and_log1p_only():
-    lines = vmath.cpu_code(["    _v0 = (x / (1.0 + math.exp(-x)))", "    _v1 = math.expm1(x) + math.tanh(x)",
-                            "    _v2 = math.erf(x) + math.erfc(x) + math.log1p(x)"])
-    assert lines == ["    _v0 = (x / (1.0 + _vexp(-x)))", "    _v1 = math.expm1(x) + _vtanh(x)",
-                     "    _v2 = _verf(x) + math.erfc(x) + _vlog1p(x)"]
+def _mode_source(mode: str, dtype: str = "float32") -> str:
+    """The generated CPU source of a lone scalar-map@2 node of ``mode``."""
+    from atoms.elementwise import SPECS, single_step
+    from runtime.backends import cpu_codegen
+    from runtime.core.types import TensorType
+    from runtime.plugins.atomspec import Node
+    from runtime.plugins.kernel import KernelRequest
+
+    spec = [s for s in SPECS if s.name == "scalar-map"][-1]
+    t = TensorType(("n",), (8,), dtype, "anonymous")
+    node = Node(0, "x", spec, {"mode": mode}, ("in0",), "%o", (t,), t, "$")
+    got = []
+    real = cpu_codegen.load_generated
+    try:
+        cpu_codegen.load_generated = lambda source, prefix="gen": got.append(source) or real(source, prefix)
+        cpu_codegen.elementwise_kernel(KernelRequest(None, single_step(node)))
+    finally:
+        cpu_codegen.load_generated = real
+    return got[0]
 
 
-def test_generated_cpu_kernels_use_vexp_for_silu():
-    from runtime.backends.cpu_codegen import render
+def test_scalar_map_kernels_evaluate_the_cpu_form_the_atom_declares():
+    from atoms.elementwise import SCALAR_CPU_V2
 
-    src = render("t", [("x0", "float32", 1, False), ("out", "float32", 1, True)],
-                 ["    for i in range(out.shape[0]):", "        out[i] = x0[i] / (1.0 + math.exp(-x0[i]))"], False)
-    assert vmath.IMPORT in src and "_vexp(-x0[i])" in src and "math.exp" not in src
+    src = _mode_source("silu")
+    assert vmath.IMPORT in src and "_vexp(-abs(_e0))" in src and "math.exp" not in src
+    assert "_vgelu(_e0)" in _mode_source("gelu") and "math.erf" not in _mode_source("gelu")
+    assert "_vtanh(_e0)" in _mode_source("tanh", "float64")
+    assert set(SCALAR_CPU_V2) == {"gelu", "sigmoid", "silu", "tanh", "exp", "log", "log1p", "softplus"}
+    assert "math.sin(_e0)" in _mode_source("sin")  # no CPU form: the expression itself
+
+
+def test_cpu_forms_may_call_only_the_helpers_vmath_binds():
+    from runtime.plugins.expressions import CPU_HELPERS, ExpressionError, check_text
+
+    assert CPU_HELPERS == vmath.CPU_HELPERS
+    namespace = {}
+    exec(vmath.IMPORT.split("#")[0] + "\n" + vmath.LOG_IMPORT.split("#")[0], namespace)
+    assert set(CPU_HELPERS) <= set(namespace)
+    assert check_text("_vtanh({0})", 1, CPU_HELPERS) == "_vtanh(_x0)"
+    with pytest.raises(ExpressionError):
+        check_text("_vtanh({0})", 1)  # not in the portable expression
 
 
 def test_float32_arguments_evaluate_in_float32_within_two_ulp():
@@ -166,17 +196,6 @@ def test_verf_and_vtanh_are_libm_in_plain_python():
     assert verf(0.3) == math.erf(0.3) and vtanh(0.3) == math.tanh(0.3)
 
 
-def test_gelu_and_tanh_kernels_use_the_vector_versions():
-    from runtime.backends.cpu_codegen import render
-
-    src = render("t", [("x0", "float32", 1, False), ("out", "float32", 1, True)],
-                 ["    for i in range(out.shape[0]):",
-                  "        out[i] = 0.5 * x0[i] * (1.0 + math.erf(x0[i] * 0.7071067811865476)) + math.tanh(x0[i])"],
-                 False)
-    assert "_verf(x0[i] * 0.7071067811865476)" in src and "_vtanh(x0[i])" in src
-    assert "math.erf" not in src and "math.tanh" not in src
-
-
 def test_verf_and_vtanh_loops_vectorise():
     """Inlined into the caller (``overload(inline="always")``), so LLVM vectorises the loop:
     a call per element would keep it scalar."""
@@ -195,14 +214,16 @@ def test_verf_and_vtanh_loops_vectorise():
     assert not re.search(r"call [^\n]*(@erf\(|@tanh\(|_erf64|_tanh64|_verf_typed|_vtanh_typed)", ir)
 
 
-def test_cpu_code_inlines_erf_and_tanh_only_up_to_max_inlined_calls_per_module():
-    few = [f"    v{i} = math.erf(x) + math.exp(x)" for i in range(vmath.MAX_INLINED - 1)] + ["    w = math.tanh(x)"]
-    assert "\n".join(vmath.cpu_code(few)).count("_verf(") == vmath.MAX_INLINED - 1
-    assert vmath.cpu_code(few)[-1] == "    w = _vtanh(x)"
-    many = few + ["    z = math.erf(x)"]
-    text = "\n".join(vmath.cpu_code(many))
-    assert "_verf(" not in text and "_vtanh(" not in text  # all stay libm: compile time
-    assert text.count("math.erf(") == vmath.MAX_INLINED and "math.exp(" not in text  # exp: always
+def test_modules_inline_erf_and_tanh_only_up_to_max_inlined_calls():
+    few = [vmath.IMPORT] + [f"    v{i} = _verf(x) + _vexp(x)" for i in range(vmath.MAX_INLINED - 1)] + ["    w = _vtanh(x)"]
+    assert vmath.with_imports(few) == few
+    many = few + ["    z = _vgelu(x)"]
+    got = vmath.with_imports(many)
+    assert vmath.IMPORT not in got and got[:2] == list(vmath.LIBM_IMPORT) and got[2:] == many[1:]
+    namespace = {}
+    exec("\n".join(vmath.LIBM_IMPORT), namespace)  # the same names, libm's (exp: always vexp)
+    assert namespace["_verf"] is math.erf and namespace["_vtanh"] is math.tanh and namespace["_vexp"] is vexp
+    assert namespace["_vgelu"](0.3) == 0.5 * 0.3 * (1.0 + math.erf(0.3 * 0.7071067811865476))
 
 
 # --- the float32 gelu ------------------------------------------------------------------------
@@ -261,15 +282,10 @@ def test_vgelu_float64_is_the_formula_with_verf_bit_for_bit():
     assert vmath.vgelu(0.3) == 0.5 * 0.3 * (1.0 + math.erf(0.3 * 0.7071067811865476))
 
 
-def test_cpu_code_evaluates_the_gelu_expression_by_vgelu():
-    from atoms.elementwise import SCALAR_EXPRS
+def test_the_gelu_atom_declares_vgelu_as_its_cpu_form():
+    from atoms.elementwise import SCALAR_CPU, SCALAR_EXPRS
 
-    assert SCALAR_EXPRS["gelu"] == vmath.GELU_EXPR
-    lines = vmath.cpu_code([f"    _v0 = {vmath.GELU_EXPR.format('acc')}",
-                            "    _v1 = (0.5 * _v0 * (1.0 + math.erf(_e1 * 0.7071067811865476)))"])
-    assert lines == ["    _v0 = _vgelu(acc)", "    _v1 = (0.5 * _v0 * (1.0 + _verf(_e1 * 0.7071067811865476)))"]
-    many = [f"    _v{i} = {vmath.GELU_EXPR.format(f'_v{i - 1}')}" for i in range(vmath.MAX_INLINED + 1)]
-    assert "_vgelu" not in "\n".join(vmath.cpu_code(many))  # over the inlining budget: libm's erf
+    assert SCALAR_EXPRS["gelu"] == vmath.GELU_EXPR and SCALAR_CPU["gelu"] == "_vgelu({0})"
 
 
 def _float32_loop(kernel, x: np.ndarray) -> tuple[int, list[str]]:
@@ -290,13 +306,12 @@ def test_vgelu_float32_loop_vectorises():
 
 
 def test_softplus_kernels_use_the_vector_log1p_and_import_it():
-    from atoms.elementwise import SCALAR_EXPRS_V2
+    from atoms.elementwise import SCALAR_CPU_V2
     from runtime.backends.cpu_codegen import render
 
-    body = ["    for i in range(out.shape[0]):", f"        out[i] = {SCALAR_EXPRS_V2['softplus'].format('x0[i]')}"]
+    body = ["    for i in range(out.shape[0]):", f"        out[i] = {SCALAR_CPU_V2['softplus'].format('x0[i]')}"]
     src = render("t", [("x0", "float32", 1, False), ("out", "float32", 1, True)], body, False)
     assert "_vlog1p(_vexp(x0[i]))" in src and "math.log1p" not in src and vmath.LOG_IMPORT in src
     plain = render("t", [("x0", "float32", 1, False), ("out", "float32", 1, True)],
-                   ["    for i in range(out.shape[0]):", "        out[i] = math.exp(x0[i])"], False)
+                   ["    for i in range(out.shape[0]):", "        out[i] = _vexp(x0[i])"], False)
     assert vmath.LOG_IMPORT not in plain  # sources without log keep their text (and cached kernels)
-    assert vmath.cpu_code(["    a = math.log(x) + math.log1p(x)"]) == ["    a = _vlog(x) + _vlog1p(x)"]

@@ -181,8 +181,9 @@ def cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[A
              for j, ad in enumerate(extra_addr)]  # (an extra in out's memory: read there)
     L.append("                acc = scratch[srow + j]")
     lines, result = epilogue.emit("acc", reads, indent="                ",
-                                  nonfinite="bad" if counting else None, checked=checked, values=values)
-    L += vmath.cpu_code(lines)
+                                  nonfinite="bad" if counting else None, checked=checked, values=values,
+                                  cpu=True)
+    L += lines
     L.append(f"                {store} = {result}")
     if values:  # the stored value too: rounding to the output dtype can overflow
         L.append(f"                bad |= ({store} - {store}) != 0")

@@ -135,7 +135,7 @@ def render(name: str, args: Sequence[tuple[str, str, int, bool]], lines: Sequenc
             f"SIGNATURE = _t.{returns}({', '.join(sig)}, _t.int64)", "",
             f"@njit(SIGNATURE, cache=True, parallel={parallel}, error_model='numpy', nogil=True)",
             f"def kernel({params}, nblk):"]
-    return "\n".join(vmath.with_imports(head + vmath.cpu_code(lines))) + "\n"
+    return "\n".join(vmath.with_imports(head + list(lines))) + "\n"
 
 
 class NestKernel:
@@ -245,7 +245,7 @@ def elementwise_kernel(request: KernelRequest) -> Kernel:
     args.append(("out", out_dt, rank, True))
     checked, values = request.count_extras, request.check_outputs
     flag = "bad" if checked or values else None  # counts the non-finite values met
-    lines, result = epilogue.emit(None, reads, nonfinite=flag, checked=checked, values=values)
+    lines, result = epilogue.emit(None, reads, nonfinite=flag, checked=checked, values=values, cpu=True)
     # (the stored value too: rounding to the output dtype can overflow)
     body = lines + [f"{store} = {result}"] + ([f"{flag} |= ({store} - {store}) != 0"] if values else [])
     dims = [f"out.shape[{k}]" for k in range(rank)]

@@ -213,7 +213,7 @@ CHAIN
                             mx = x if x > mx else mx
                             j += 1
                         for u in range(un):
-                            sc[ua + u] = math.exp(sc[ua + u] - mx)
+                            sc[ua + u] = _vexp(sc[ua + u] - mx)
                     else:
                         mrow = _u(mrs[r] * nk + lo)
                         mx = sc[at]
@@ -222,7 +222,7 @@ CHAIN
                             if mk[mrow + u] and x > mx:
                                 mx = x
                         for u in range(un):
-                            x = math.exp(sc[ua + u] - mx)
+                            x = _vexp(sc[ua + u] - mx)
                             sc[ua + u] = x if mk[mrow + u] else 0.0
                     one = vbcast(1.0)
                     a00 = vzero()
@@ -344,7 +344,7 @@ def _source(dt: str, chain: Sequence[str], parallel: bool, scalars: int = 0) -> 
             f"@njit(_t.int64({sig}), cache=True, parallel={parallel}, error_model='numpy', nogil=True)"]
     call = (_CALL.replace("SCALARS", "".join(f", e{k}" for k in range(scalars)))
             .replace("NCS", str(max(1, scalars))).replace("FILLS", "".join(f"    cs[{k}] = e{k}[0]\n" for k in range(scalars))))
-    return "\n".join(vmath.with_imports(head + vmath.cpu_code(body.strip("\n").split("\n")))) + call
+    return "\n".join(vmath.with_imports(head + body.strip("\n").split("\n"))) + call
 
 
 class AttentionKernel:

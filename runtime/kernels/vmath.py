@@ -36,13 +36,13 @@ bench/lab/gelu_ulp.py). float64 arguments keep the formula with
 :func:`vlog` and :func:`vlog1p` (``math.log``, ``math.log1p``) are in :mod:`runtime.kernels.vlog`.
 
 Elementwise expressions stay written with ``math.exp``/``math.erf``/``math.tanh``/``math.log``/
-``math.log1p`` (valid in Python, njit and CUDA); the CPU code generators swap them in
-(:func:`cpu_code`), and CUDA keeps the device's own functions.
+``math.log1p`` (valid in Python, njit and CUDA); an atom declares the CPU form that calls these
+helpers instead (``ScalarOp(expr, cpu=...)``, the names of :data:`CPU_HELPERS`), which the CPU
+code generators use, and CUDA keeps the device's own functions.
 """
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -64,14 +64,15 @@ IMPORT = (f"from runtime.kernels.vmath import vexp as _vexp, verf as _verf, vtan
 # of this file: both are in its digest)
 LOG_IMPORT = (f"from runtime.kernels.vlog import vlog as _vlog, vlog1p as _vlog1p  "
               f"# vmath log {source_stamp(Path(__file__).with_name('vlog.py'), __file__)}")
-# libm calls in generated CPU source -> their vectorisable versions here
-SWAPS = {"math.exp(": "_vexp(", "math.erf(": "_verf(", "math.tanh(": "_vtanh(", "math.log(": "_vlog(",
-         "math.log1p(": "_vlog1p("}
-# erf, tanh, log and log1p are inlined whole (tens of operations each, a noticeable compile
-# cost per copy): a generated module with more calls than this keeps all of them libm's, so a
-# long fused chain still compiles in seconds
+# The names IMPORT binds: ScalarOp's ``cpu`` expressions call them (runtime.plugins.atomspec)
+CPU_HELPERS = ("_vexp", "_verf", "_vtanh", "_vgelu", "_vlog", "_vlog1p")
+# erf, tanh, gelu, log and log1p are inlined whole (tens of operations each, a noticeable
+# compile cost per copy): a generated module with more calls than this binds their names to
+# libm's functions instead (LIBM_IMPORT), so a long fused chain still compiles in seconds
 MAX_INLINED = 4
-_INLINED = ("math.erf(", "math.tanh(", "math.log(", "math.log1p(")
+_INLINED = ("_verf(", "_vtanh(", "_vgelu(", "_vlog(", "_vlog1p(")
+LIBM_IMPORT = ("from runtime.kernels.vmath import vexp as _vexp, gelu_libm as _vgelu",
+               "from math import erf as _verf, tanh as _vtanh, log as _vlog, log1p as _vlog1p")
 
 
 def _bits_as(float_type, int_type, llvm_type):
@@ -384,12 +385,10 @@ def _tanh64(x):
 
 
 # --- gelu -----------------------------------------------------------------------------------
-# The exact gelu as scalar-map writes it (placeholders are plain names, ScalarOp): cpu_code
-# evaluates it by vgelu, whose float32 form computes in float32 without the cancellation of
-# 1 + erf(t) for negative x.
+# The exact gelu as scalar-map writes it (placeholders are plain names, ScalarOp); its CPU form
+# is vgelu, whose float32 form computes in float32 without the cancellation of 1 + erf(t) for
+# negative x.
 GELU_EXPR = "(0.5 * {0} * (1.0 + math.erf({0} * 0.7071067811865476)))"
-_GELU_CALL = re.compile(re.escape(GELU_EXPR).replace(re.escape("{0}"), r"([A-Za-z_]\w*)", 1)
-                        .replace(re.escape("{0}"), r"\1"))
 
 # bench/lab/fit_vmath.py (float32 coefficients): erf(t) = t + t·P(t²) on |t| < 0.75 (degree
 # 5), and erfcx(a) = w·G(u) on [0.75, 10.2], w = 1/(1 + a), u = (w − centre)·scale (degree 9)
@@ -495,28 +494,26 @@ _by_precision(vtanh, _tanh32, _tanh64)
 _by_precision(vgelu, _gelu32, _gelu64)
 
 
-def cpu_code(lines: Iterable[str]) -> list[str]:
-    """Generated CPU source lines with ``math.exp`` calls evaluated by :func:`vexp`, and, when
-    the lines hold at most :data:`MAX_INLINED` ``math.erf``, ``math.tanh``, ``math.log`` and
-    ``math.log1p`` calls, the exact gelu (:data:`GELU_EXPR`) by :func:`vgelu` and the other
-    calls by :func:`verf`, :func:`vtanh` and :mod:`runtime.kernels.vlog`'s ``vlog`` and ``vlog1p``
-    (the module must also contain :data:`IMPORT`, and :func:`with_imports` adds what else it
-    needs)."""
-    lines = [line.replace("math.exp(", SWAPS["math.exp("]) for line in lines]
-    if sum(line.count(call) for line in lines for call in _INLINED) > MAX_INLINED:
-        return lines
-    swapped = []
-    for line in lines:
-        line = _GELU_CALL.sub(r"_vgelu(\1)", line)
-        for call in _INLINED:
-            line = line.replace(call, SWAPS[call])
-        swapped.append(line)
-    return swapped
+@njit(inline="always", error_model="numpy")
+def gelu_libm(x):
+    """:data:`GELU_EXPR` with libm's erf: ``_vgelu`` in a module over :data:`MAX_INLINED`."""
+    return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
+
+
+def inlined_calls(lines: Iterable[str]) -> int:
+    """How many calls of the inlined helpers (erf, tanh, gelu, log, log1p) ``lines`` hold."""
+    return sum(line.count(call) for line in lines for call in _INLINED)
 
 
 def with_imports(lines: list[str]) -> list[str]:
-    """A generated module's lines (holding :data:`IMPORT`, and :func:`cpu_code`'s output) with
-    :data:`LOG_IMPORT` after :data:`IMPORT` when the code calls ``vlog`` or ``vlog1p``."""
+    """A generated module's lines (holding :data:`IMPORT`, and code calling the helpers of
+    :data:`CPU_HELPERS`) with what else they need: :data:`LOG_IMPORT` after :data:`IMPORT`
+    when the code calls ``_vlog`` or ``_vlog1p``, or, when it holds more than
+    :data:`MAX_INLINED` calls of inlined helpers, :data:`LIBM_IMPORT` in place of
+    :data:`IMPORT` (the same names, bound to libm's functions)."""
+    if inlined_calls(lines) > MAX_INLINED:
+        at = lines.index(IMPORT)
+        return lines[:at] + list(LIBM_IMPORT) + lines[at + 1:]
     if not any("_vlog(" in line or "_vlog1p(" in line for line in lines) or LOG_IMPORT in lines:
         return lines
     at = lines.index(IMPORT) + 1

@@ -194,7 +194,7 @@ def _cpu(request: KernelRequest) -> Kernel:
     qt, kt, vt, mt = node.input_types[:4]
     chain: list[str] = []
     if not form.chain.empty:
-        lines, result = form.chain.emit("x", [f"cs[{k}]" for k in range(form.chain.n_extra)])
+        lines, result = form.chain.emit("x", [f"cs[{k}]" for k in range(form.chain.n_extra)], cpu=True)
         chain = lines + [f"x = {result}"]
     kernel = ak.AttentionKernel(form.dtype, chain, form.chain.n_extra)
     dtype = np.dtype(form.dtype)

@@ -45,13 +45,15 @@ class Epilogue:
 
     def emit(self, value: str | None, extras: Sequence[str], indent: str = "",
              nonfinite: str | None = None, checked: Sequence[int] = (),
-             values: bool = False) -> tuple[list[str], str]:
+             values: bool = False, cpu: bool = False) -> tuple[list[str], str]:
         """Lines computing the chain from ``value`` (None for a chain with no anchor) and the
         element expressions ``extras``; returns the lines and the name of the result. With
         ``nonfinite`` (a boolean variable of the kernel), the lines also set it when one of the
         ``checked`` extras' elements is NaN or ±inf, and with ``values`` when ``value`` or a
         step's floating value is (the output check, SPEC §3b.3 item 2): branch-free, and a
-        boolean OR vectorises at the full vector width, where an int64 count would halve it."""
+        boolean OR vectorises at the full vector width, where an int64 count would halve it.
+        ``cpu``: each step's ``ScalarOp.cpu`` form where it has one (for generated CPU kernels,
+        whose module imports ``runtime.kernels.vmath.IMPORT``)."""
         lines = [f"{indent}_e{k} = {src}" for k, src in enumerate(extras)]
         flag = nonfinite if values else None
         if nonfinite is not None:
@@ -63,7 +65,8 @@ class Epilogue:
             args = [current if src == CHAIN else f"_e{src}" for src in step.sources]
             if any(a is None for a in args):
                 raise ValueError("the first step of an anchorless chain cannot read the chain")
-            lines.append(f"{indent}_v{s} = {step.op.expr.format(*args)}")
+            expr = step.op.cpu if cpu and step.op.cpu is not None else step.op.expr
+            lines.append(f"{indent}_v{s} = {expr.format(*args)}")
             if flag is not None and is_float(step.node.output_type.dtype):
                 lines.append(f"{indent}{flag} |= (_v{s} - _v{s}) != 0")
             current = f"_v{s}"

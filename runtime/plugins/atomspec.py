@@ -31,9 +31,17 @@ class ScalarOp:
     ``numba.cuda.jit`` device code; ``math`` and ``np`` (NumPy, for scalar casts such as
     ``np.float32(x)``) are in scope. Placeholders are always plain names. The result may be
     of another dtype than the operands (a comparison gives a boolean).
+
+    ``cpu``: optionally, the same function written for generated CPU kernels, where the
+    vectorisable helpers ``_vexp``, ``_verf``, ``_vtanh``, ``_vlog``, ``_vlog1p`` (``math.exp``,
+    ``math.erf``, ``math.tanh``, ``math.log``, ``math.log1p`` as plain arithmetic that LLVM
+    vectorises, runtime.kernels.vmath) and ``_vgelu`` (``0.5·x·(1 + erf(x/√2))``) are in scope
+    besides what ``expr`` may use; e.g. ``ScalarOp("math.tanh({0})", cpu="_vtanh({0})")``.
+    Without it the CPU kernels evaluate ``expr`` (libm's scalar calls keep a loop scalar).
     """
 
     expr: str
+    cpu: str | None = None
 
 
 @attrs.frozen

@@ -41,6 +41,8 @@ ALLOWED = ("{0}, {1}… (one element of each operand), number and boolean litera
 _NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Call,
           ast.Name, ast.Attribute, ast.Constant, ast.operator, ast.unaryop, ast.boolop, ast.cmpop,
           ast.expr_context)
+# what a ScalarOp's ``cpu`` expression may call besides (runtime.kernels.vmath.CPU_HELPERS)
+CPU_HELPERS = ("_vexp", "_verf", "_vtanh", "_vgelu", "_vlog", "_vlog1p")
 NUMBA_TYPES = ("float32", "float64", "int64", "boolean")  # the fusing backends' scalar types
 
 
@@ -52,8 +54,9 @@ def placeholders(arity: int) -> list[str]:
     return [f"_x{k}" for k in range(arity)]
 
 
-def check_text(expr: object, arity: int) -> str:
-    """The expression with its placeholders filled, or ExpressionError saying what is wrong."""
+def check_text(expr: object, arity: int, helpers: tuple[str, ...] = ()) -> str:
+    """The expression with its placeholders filled, or ExpressionError saying what is wrong
+    (``helpers``: functions it may call besides the built-ins, as a ScalarOp's ``cpu``)."""
     if not isinstance(expr, str):
         raise ExpressionError(f"its expression is {type(expr).__name__}, not a string")
     try:
@@ -72,7 +75,7 @@ def check_text(expr: object, arity: int) -> str:
     except SyntaxError as exc:
         raise ExpressionError(f"it is not a Python expression: {exc.msg}") from exc
     for node in ast.walk(tree):
-        _check_node(node, set(placeholders(arity)))
+        _check_node(node, set(placeholders(arity)), helpers)
     return text
 
 
@@ -81,7 +84,7 @@ def _show(node: ast.AST) -> str:
     return re.sub(r"\b_x(\d+)\b", r"{\1}", ast.unparse(node))
 
 
-def _check_node(node: ast.AST, operands: set[str]) -> None:
+def _check_node(node: ast.AST, operands: set[str], helpers: tuple[str, ...] = ()) -> None:
     if not isinstance(node, _NODES):
         what = _show(node) if isinstance(node, ast.expr) else type(node).__name__
         raise ExpressionError(f"it uses {what!r} ({type(node).__name__}); expressions may use {ALLOWED}")
@@ -92,7 +95,7 @@ def _check_node(node: ast.AST, operands: set[str]) -> None:
         if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
             raise ExpressionError(f"{_show(node)}: calls take positional arguments only")
         func = node.func
-        if not (isinstance(func, ast.Name) and func.id in BUILTINS or isinstance(func, ast.Attribute)):
+        if not (isinstance(func, ast.Name) and func.id in BUILTINS + helpers or isinstance(func, ast.Attribute)):
             raise ExpressionError(f"it calls {_show(func)}, which expressions may not use; "
                                   f"they may use {ALLOWED}")
     if isinstance(node, ast.Attribute):
@@ -103,7 +106,7 @@ def _check_node(node: ast.AST, operands: set[str]) -> None:
         raise ExpressionError(f"it uses {_show(node)}{instead}, which expressions may not use; "
                               f"they may use {ALLOWED}")
     # (a bare ``math`` or ``np``, outside an attribute, is refused by Numba's typing)
-    if isinstance(node, ast.Name) and node.id not in operands | set(BUILTINS) | {"math", "np"}:
+    if isinstance(node, ast.Name) and node.id not in operands | set(BUILTINS) | set(helpers) | {"math", "np"}:
         raise ExpressionError(f"it uses the name {node.id!r}, which expressions may not use; "
                               f"they may use {ALLOWED}")
 
@@ -192,6 +195,8 @@ def scalar_op(node: Node, backend: str) -> ScalarOp | None:
         if not isinstance(op, ScalarOp):
             raise ExpressionError(f"elementwise(node) returned {type(op).__name__}, not a ScalarOp")
         text = check_text(op.expr, len(node.input_types))
+        if op.cpu is not None:
+            check_text(op.cpu, len(node.input_types), CPU_HELPERS)
         if _typing.get():
             check_types(text, [t.dtype for t in node.input_types], backend)
     except ExpressionError as exc:
@@ -226,6 +231,8 @@ def probe(spec: AtomSpec) -> str | None:
         if not isinstance(op, ScalarOp):
             raise ExpressionError(f"elementwise(node) returned {type(op).__name__}, not a ScalarOp")
         check_text(op.expr, len(spec.inputs))
+        if op.cpu is not None:
+            check_text(op.cpu, len(spec.inputs), CPU_HELPERS)
     except ExpressionError as exc:
         return f"its ScalarOp expression {getattr(op, 'expr', op)!r} is refused: {exc}"
     return None

@@ -7,7 +7,7 @@ call. Importing it imports numba.
 broadcast operand; ``loop_nest``, ``render`` the source of a serial or parallel loop nest;
 ``NestKernel`` its compiled serial/parallel pair, picked per call; ``contiguous`` an operand
 in the form those kernels take; ``elementwise_kernel`` the fused chain's kernel; ``simd``,
-``vmath`` the vector helpers (``simd.lanes``, ``vmath.cpu_code``, ``vmath.GELU_EXPR``, ...).
+``vmath`` the vector helpers (``simd.lanes``, ``vmath.IMPORT``, ``vmath.GELU_EXPR``, ...).
 """
 from __future__ import annotations
 

@@ -26,6 +26,12 @@ EXPRESSIONS = {
     "gelu-tanh": f"0.5 * {{0}} * (1.0 + math.tanh({_C} * ({{0}} + 0.044715 * {{0}} * {{0}} * {{0}})))",
     "softplus": "math.log1p(math.exp(-abs({0}))) + ({0} if {0} > 0.0 else 0.0)",
 }
+# The same for generated CPU kernels (ScalarOp's cpu): the runtime's vectorisable tanh, log1p
+# and exp, where libm's calls would keep the loop scalar
+CPU_EXPRESSIONS = {
+    "gelu-tanh": f"0.5 * {{0}} * (1.0 + _vtanh({_C} * ({{0}} + 0.044715 * {{0}} * {{0}} * {{0}})))",
+    "softplus": "_vlog1p(_vexp(-abs({0}))) + ({0} if {0} > 0.0 else 0.0)",
+}
 MODES = tuple(EXPRESSIONS)
 
 
@@ -37,7 +43,8 @@ def infer_scalar_map_ext(ctx: InferContext) -> TensorType:
 
 
 def _elementwise(node: Node) -> ScalarOp:
-    return ScalarOp(EXPRESSIONS[node.attributes["mode"]])
+    mode = node.attributes["mode"]
+    return ScalarOp(EXPRESSIONS[mode], cpu=CPU_EXPRESSIONS[mode])
 
 
 def _reference_values(mode: str, x: np.ndarray) -> np.ndarray:
