@@ -199,7 +199,7 @@ def test_no_rewrite_when_an_intermediate_is_an_output_or_read_twice():
 
 def _nodes(prog):
     exe = runtime.compile(prog, "cpu", tiered=False)
-    binding_types = exe._binding_types({}, {})
+    binding_types = exe._builder.binding_types({}, {})
     return resolve_nodes(exe.program, exe.specs, binding_types, {})[0], exe.program.outputs
 
 

@@ -57,7 +57,10 @@ BLOCKED_MIN_N, BLOCKED_MIN_K = 256, 128
 # call's rows, so a run's slices (chunks, dask blocks) differed from it by 1 ulp; a micro-kernel
 # computes each row as in any tile
 BCAST_MIN_ROWS = BLOCKED_MIN_ROWS = 5
-BLOCKED_MIN_TM = 48  # rows per tile at least: each panel slice is reused by TM / MR strips
+# rows per tile at least: each panel slice is reused by TM / MR strips, and the packed right
+# operand streams from L3 once per tile (4096x1024x4096 on one core: 172 GFLOP/s at 48 rows,
+# 190 at 192; bench/lab/contract_layouts.py under monkeypatched values)
+BLOCKED_MIN_TM = 192
 BLOCKED_MIN_SPLIT = 24  # ... and at least this many when a call is split for more tiles
 REMAINDER_MR = 4  # after bcast's full blocks, one block of 4 rows (8 accumulators: full rate)
 # bcast: a block's left rows copied first into one buffer, interleaved (k-major), when the
