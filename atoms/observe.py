@@ -359,9 +359,9 @@ def _cpu_fourier(request: KernelRequest) -> Kernel:
 # --- cuda: one thread per (b, t) task or output element ----------------------------------
 
 def _cuda_kernel(name: str):
-    from . import _observe_cuda  # numba.cuda is imported only when a cuda kernel is made
+    from atoms.cuda import observe as device  # numba.cuda is imported only when a cuda kernel is made
 
-    return getattr(_observe_cuda, name)
+    return getattr(device, name)
 
 
 def _launch(kernel, n: int, *args) -> None:

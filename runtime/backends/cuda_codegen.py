@@ -64,11 +64,20 @@ def render(name: str, params: Sequence[str], dims: Sequence[str], body: Sequence
 
 
 class SpaceKernel:
-    """A compiled generated kernel and its launch configuration for ``n`` threads' work."""
+    """A compiled generated kernel and its launch configuration for ``n`` threads' work; a
+    constant kernel is a module-level ``@cuda.jit`` function instead, launched alike
+    (:meth:`of`)."""
 
     def __init__(self, prefix: str, source: str):
         configure_numba_cache()
         self.kernel = load_generated(source, prefix).kernel
+
+    @classmethod
+    def of(cls, kernel) -> SpaceKernel:
+        """A ``@cuda.jit`` function of a plain module (nothing generated), launched alike."""
+        made = cls.__new__(cls)
+        made.kernel = kernel
+        return made
 
     def __call__(self, arrays: Sequence, n: int) -> None:
         blocks, threads = launch_config(n)

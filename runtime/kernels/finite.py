@@ -72,27 +72,12 @@ def all_finite(a: np.ndarray) -> bool | None:
     return _kernel()(bits, mask, 1 if a.size < PARALLEL_MIN else _CHUNKS) == 0
 
 
-_device_kernels = {}
-
-
 def device_all_finite(a) -> bool:
     """The same check on a CUDA device array, on the device: nothing crosses the bus."""
-    global cuda  # a module global: the simulator swaps the kernel's global ``cuda`` per thread
     from numba import cuda
 
-    kernel = _device_kernels.get("count")
-    if kernel is None:
-        @cuda.jit
-        def count_nonfinite(flat, flag):
-            i = cuda.grid(1)
-            stride = cuda.gridsize(1)
-            while i < flat.size:
-                v = flat[i]
-                if not (v - v == 0):  # NaN and ±inf give NaN
-                    flag[0] = 1
-                i += stride
+    from runtime.kernels.finite_cuda import count_nonfinite as kernel
 
-        kernel = _device_kernels["count"] = count_nonfinite
     flat = a.reshape(a.size) if a.is_c_contiguous() else cuda.to_device(a.copy_to_host().reshape(-1))
     flag = cuda.to_device(np.zeros(1, np.int32))
     blocks = max(1, min(1024, (flat.size + 255) // 256))

@@ -4,7 +4,8 @@ built or launched.
 
 ``numba_type``, ``broadcast_axes``, ``index_expr`` as in :mod:`runtime.toolkit.cpu` (pass
 ``backend="cuda"``); ``render`` the module source of a grid-stride kernel; ``SpaceKernel`` it
-compiled, launched with :func:`runtime.toolkit.launch_config`; ``align_device`` a device
+compiled, launched with :func:`runtime.toolkit.launch_config` (``SpaceKernel.of`` launches a
+constant kernel, a ``@cuda.jit`` function of a plain module, alike); ``align_device`` a device
 operand in keepdims form; ``elementwise_kernel`` the fused chain's kernel.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The device side of atoms._rows: a row's offset in one operand (imported by generated
-cuda kernels only, so numba.cuda is loaded only when a cuda plan is built)."""
+"""The device side of atoms._rows: a row's offset in one operand (imported by the cuda kernels
+of atoms.cuda only, so numba.cuda is loaded only when a cuda plan is built)."""
 from __future__ import annotations
 
 from numba import cuda
