@@ -23,7 +23,6 @@ Every vector access stays inside a row of K or N elements.
 """
 from __future__ import annotations
 
-import re
 import threading
 import weakref
 
@@ -135,17 +134,8 @@ def usable(form: str, ta: int, tb: int) -> bool:
     return form != "dot" or (ta == 0 and tb == 1)
 
 
-_LOCALS = re.compile(r"\b(i|j|pq|pc|npad|rs|ks|ab|bb|kv|kk|bp|(?:s|c|a|b|pa|pb)\d+(?:_\d+)?|pb)\b")
-
-
 def _indent(lines: list[str], pad: str) -> list[str]:
     return [pad + line for line in lines]
-
-
-def _own(lines: list[str]) -> list[str]:
-    """Prefix this module's locals with ``m_``: the kernel around them has its own ``i``, ``j``,
-    ``pb``... (some uint64; Numba would unify int64 and uint64 to float64)."""
-    return [_LOCALS.sub(r"m_\1", line) for line in lines]
 
 
 def _dot_block(mr: int, nr: int, lanes: int) -> list[str]:
@@ -188,7 +178,7 @@ def dot_tile(dt: str, pad: str) -> list[str]:
         return _dot_block(mr, nr, lanes)
     L = ["ab = bi * sab + i0 * lda", "bb = bi * sbb", f"kv = k - k % {lanes}", "i = 0"]
     L += _row_blocks(DOT_MR, lambda mr: _rows(mr, block, DOT_NR))
-    return _own(_indent(L, pad))
+    return _indent(L, pad)
 
 
 def pack_source(dt: str, nr: int) -> list[str]:
@@ -293,7 +283,7 @@ def bcast_tile(dt: str, pad: str, pack_left: bool = False) -> list[str]:
     L = ["ab = bi * sab", "pq = (bi if sbb != 0 else 0) * k * npad",
          "rs = 1 if ta else lda", "ks = np.uint64(lda if ta else 1)", "i = 0"]
     L += _row_blocks(BCAST_MR, lambda mr: _bcast_rows(mr, lanes, dt, pack_left))
-    return _own(_indent(L, pad))
+    return _indent(L, pad)
 
 
 def blocked_tile(dt: str, pad: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, kc: int | None = None,
@@ -352,9 +342,14 @@ def blocked_tile(dt: str, pad: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, 
     return _indent(L, pad)
 
 
-# The tiles' parameters when compiled as functions of their own (names as ``_own`` leaves them)
-TILE_PARAMS = {"bcast": "am, m_bp, scratch, apk, bi, sab, sbb, ta, lda, m_npad, i0, rows, n, k",
+# The tiles' parameters: they are functions of their own (tile_function), so their locals
+# need no names apart from the kernel's
+TILE_PARAMS = {"bcast": "am, bp, scratch, apk, bi, sab, sbb, ta, lda, npad, i0, rows, n, k",
                "dot": "am, bm, scratch, bi, sab, sbb, lda, ldb, i0, rows, n, k"}
+# what the contract kernel's worker passes them (its packed right operand is ``m_bp``, its
+# panel width ``m_npad``)
+TILE_ARGS = {"bcast": "am, m_bp, scratch, apk, bi, sab, sbb, ta, lda, m_npad, i0, rows, n, k",
+             "dot": TILE_PARAMS["dot"]}
 # blocked: a C function (see tile_function), called with its arrays' addresses and sizes
 BLOCKED_ARGS = ("np.int64(am.ctypes.data), np.int64(m_bp.ctypes.data), np.int64(scratch.ctypes.data), "
                 "np.int64(apk.ctypes.data), am.size, m_bp.size, scratch.size, apk.size, "

@@ -37,7 +37,7 @@ from runtime.core import settings
 from runtime.kernels import simd, vmath
 from runtime.kernels.atomic import WORKERS
 from runtime.kernels.layout import span_view
-from runtime.kernels.codegen import configure_numba_cache, load_generated, source_stamp
+from runtime.kernels.codegen import Source, configure_numba_cache, load_generated, source_stamp
 
 # Below this many multiply-adds (rows × visible keys × head dim, as if unmasked) a call runs
 # on one thread: a parallel region costs more than it saves. FORMULA_ATTENTION_PARALLEL_MIN
@@ -113,200 +113,222 @@ def spans(mask2d):
     return lo, hi, dense
 
 
-_TEMPLATE = '''
-def kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo, shi, sdense, cs,
-           out, ob, oq, oe, ec, nq, nk, nd, ne, bq, count_q, count_k, count_v):
-    nb = qb.shape[0]
-    nkp = nk + WK
-    nep = ((ne + WE - 1) // WE) * WE
-    kt = np.empty(max(nb * nd * nkp, 1), DT)
-    vp = np.empty(max(nb * nk * nep, 1), DT)
-    packed_bad = 0
-    for b in LOOP(nb):
-        base = b * nd * nkp
-        for j in range(nk):
-            src = kb[b] + j * ksj
-            for d in range(nd):
-                kt[base + d * nkp + j] = kf[src + d * ksd]
-        for d in range(nd):
-            kt[base + d * nkp + nk:base + (d + 1) * nkp] = 0.0
-        vbase = b * nk * nep
-        for j in range(nk):
-            src = vb[b] + j * vsj
-            row = vbase + j * nep
-            for e in range(ne):
-                vp[row + e] = vf[src + ve[e]]
-            for e in range(ne, nep):
-                vp[row + e] = 0.0
-        bad = (count_k and _nonfinite(kt, base, base + nd * nkp) != 0) or \
-            (count_v and _nonfinite(vp, vbase, vbase + nk * nep) != 0)
-        packed_bad += 1 if bad else 0
-    nqb = (nq + bq - 1) // bq
-    rows_bad = 0
-    ticket = np.zeros(1, np.int64)
-    for w in LOOP(NWORK):
-        while _left(ticket, nb * nqb):
-            t = _take(ticket)
-            if t >= nb * nqb:
-                break
-            b = t // nqb
-            i0 = (t - b * nqb) * bq
-            nr = min(bq, nq - i0)
-            nr4 = ((nr + 3) // 4) * 4
-            qk = np.zeros(nr4 * nd, DT)
-            sc = np.empty(nr4 * nkp, DT)
-            los = np.zeros(nr4, np.int64)
-            his = np.zeros(nr4, np.int64)
-            dns = np.zeros(nr4, np.uint8)
-            mrs = np.zeros(nr4, np.int64)
-            inv = np.zeros(nr4, DT)
-            tmp = np.empty(4 * WE, DT)
-            for r in range(nr):
-                i = i0 + r
-                m = mrb[b] + mrq[i]
-                mrs[r] = m
-                los[r] = slo[m]
-                his[r] = shi[m]
-                dns[r] = sdense[m]
-                src = qb[b] + qi[i]
+def _kernel(parallel: bool, chain: Sequence[str]) -> Source:
+    """The kernel's source: the score ``chain`` (lines turning ``x`` into ``x``) inlined where
+    the scores of a row are complete, the register tiles of :data:`QK_VECTORS` and
+    :data:`PV_VECTORS` vectors, ``prange`` where ``parallel``; the rest is the same text."""
+    loop, nwork = ("prange", WORKERS) if parallel else ("range", 1)
+    src = Source()
+    src.add(f'''
+        def kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo, shi, sdense, cs,
+                   out, ob, oq, oe, ec, nq, nk, nd, ne, bq, count_q, count_k, count_v):
+            nb = qb.shape[0]
+            nkp = nk + WK
+            nep = ((ne + WE - 1) // WE) * WE
+            kt = np.empty(max(nb * nd * nkp, 1), DT)
+            vp = np.empty(max(nb * nk * nep, 1), DT)
+            packed_bad = 0
+            for b in {loop}(nb):
+                base = b * nd * nkp
+                for j in range(nk):
+                    src = kb[b] + j * ksj
+                    for d in range(nd):
+                        kt[base + d * nkp + j] = kf[src + d * ksd]
                 for d in range(nd):
-                    qk[r * nd + d] = qf[src + d * qsd]
-            rows_bad += 1 if count_q and _nonfinite(qk, 0, nr * nd) != 0 else 0
-            ktb = b * nd * nkp
-            vbase = b * nk * nep
-            for r0 in range(0, nr4, 4):
-                jlo = nk
-                jhi = 0
-                for r in range(r0, r0 + 4):
-                    if his[r] > los[r]:
-                        jlo = min(jlo, los[r])
-                        jhi = max(jhi, his[r])
-                if jhi <= jlo:
-                    for r in range(r0, min(r0 + 4, nr)):
-                        for e in range(ne):
-                            out[ob[b] + oq[i0 + r] + oe[e]] = 0.0
+                    kt[base + d * nkp + nk:base + (d + 1) * nkp] = 0.0
+                vbase = b * nk * nep
+                for j in range(nk):
+                    src = vb[b] + j * vsj
+                    row = vbase + j * nep
+                    for e in range(ne):
+                        vp[row + e] = vf[src + ve[e]]
+                    for e in range(ne, nep):
+                        vp[row + e] = 0.0
+                bad = (count_k and _nonfinite(kt, base, base + nd * nkp) != 0) or \\
+                    (count_v and _nonfinite(vp, vbase, vbase + nk * nep) != 0)
+                packed_bad += 1 if bad else 0
+            nqb = (nq + bq - 1) // bq
+            rows_bad = 0
+            ticket = np.zeros(1, np.int64)
+            for w in {loop}({nwork}):
+                while _left(ticket, nb * nqb):
+                    t = _take(ticket)
+                    if t >= nb * nqb:
+                        break
+                    b = t // nqb
+                    i0 = (t - b * nqb) * bq
+                    nr = min(bq, nq - i0)
+                    nr4 = ((nr + 3) // 4) * 4
+                    qk = np.zeros(nr4 * nd, DT)
+                    sc = np.empty(nr4 * nkp, DT)
+                    los = np.zeros(nr4, np.int64)
+                    his = np.zeros(nr4, np.int64)
+                    dns = np.zeros(nr4, np.uint8)
+                    mrs = np.zeros(nr4, np.int64)
+                    inv = np.zeros(nr4, DT)
+                    tmp = np.empty(4 * WE, DT)
+                    for r in range(nr):
+                        i = i0 + r
+                        m = mrb[b] + mrq[i]
+                        mrs[r] = m
+                        los[r] = slo[m]
+                        his[r] = shi[m]
+                        dns[r] = sdense[m]
+                        src = qb[b] + qi[i]
+                        for d in range(nd):
+                            qk[r * nd + d] = qf[src + d * qsd]
+                    rows_bad += 1 if count_q and _nonfinite(qk, 0, nr * nd) != 0 else 0
+                    ktb = b * nd * nkp
+                    vbase = b * nk * nep
+                    for r0 in range(0, nr4, 4):
+                        jlo = nk
+                        jhi = 0
+                        for r in range(r0, r0 + 4):
+                            if his[r] > los[r]:
+                                jlo = min(jlo, los[r])
+                                jhi = max(jhi, his[r])
+                        if jhi <= jlo:
+                            for r in range(r0, min(r0 + 4, nr)):
+                                for e in range(ne):
+                                    out[ob[b] + oq[i0 + r] + oe[e]] = 0.0
+                            continue
+        ''')
+    with src.indented(4):  # in the loop over the quads of rows (r0)
+        src.add(_qk_tile(QK_VECTORS))
+        src.add('''
+            for r in range(r0, r0 + 4):
+                row = r * nkp
+                lo = los[r]
+                hi = his[r]
+                if hi <= lo:
+                    sc[row + jlo:row + jhi] = 0.0
                     continue
-QK_TILE
-                for r in range(r0, r0 + 4):
-                    row = r * nkp
-                    lo = los[r]
-                    hi = his[r]
-                    if hi <= lo:
-                        sc[row + jlo:row + jhi] = 0.0
-                        continue
-                    sc[row + jlo:row + lo] = 0.0
-                    sc[row + hi:row + jhi] = 0.0
-                    at = row + lo
-                    ni = hi - lo
-                    un = _u(ni)
-                    ua = _u(at)
-CHAIN
-                    if dns[r]:
-                        vm = vbcast(sc[at])
-                        j = 0
-                        while j + L <= ni:
-                            vm = vmax(vm, vload(sc, at + j))
-                            j += L
-                        mx = hmax(vm)
-                        while j < ni:
-                            x = sc[at + j]
-                            mx = x if x > mx else mx
-                            j += 1
-                        for u in range(un):
-                            sc[ua + u] = _vexp(sc[ua + u] - mx)
-                    else:
-                        mrow = _u(mrs[r] * nk + lo)
-                        mx = sc[at]
-                        for u in range(un):
-                            x = sc[ua + u]
-                            if mk[mrow + u] and x > mx:
-                                mx = x
-                        for u in range(un):
-                            x = _vexp(sc[ua + u] - mx)
-                            sc[ua + u] = x if mk[mrow + u] else 0.0
-                    one = vbcast(1.0)
-                    a00 = vzero()
-                    a01 = vzero()
+                sc[row + jlo:row + lo] = 0.0
+                sc[row + hi:row + jhi] = 0.0
+                at = row + lo
+                ni = hi - lo
+                un = _u(ni)
+                ua = _u(at)
+            ''')
+        with src.indented():  # in the loop over the quad's rows (r)
+            if chain:
+                with src.block("for u in range(un):"):
+                    src.add("x = sc[ua + u]", list(chain), "sc[ua + u] = x")
+            src.add('''
+                if dns[r]:
+                    vm = vbcast(sc[at])
                     j = 0
-                    while j + 2 * L <= ni:
-                        a00 = vfma(vload(sc, at + j), one, a00)
-                        a01 = vfma(vload(sc, at + j + L), one, a01)
-                        j += 2 * L
-                    tot = 0.0 + vhsum(a00) + vhsum(a01)
+                    while j + L <= ni:
+                        vm = vmax(vm, vload(sc, at + j))
+                        j += L
+                    mx = hmax(vm)
                     while j < ni:
-                        tot += sc[at + j]
+                        x = sc[at + j]
+                        mx = x if x > mx else mx
                         j += 1
-                    inv[r] = 1.0 / tot
-PV_TILE
-    return packed_bad + rows_bad
-'''
+                    for u in range(un):
+                        sc[ua + u] = _vexp(sc[ua + u] - mx)
+                else:
+                    mrow = _u(mrs[r] * nk + lo)
+                    mx = sc[at]
+                    for u in range(un):
+                        x = sc[ua + u]
+                        if mk[mrow + u] and x > mx:
+                            mx = x
+                    for u in range(un):
+                        x = _vexp(sc[ua + u] - mx)
+                        sc[ua + u] = x if mk[mrow + u] else 0.0
+                one = vbcast(1.0)
+                a00 = vzero()
+                a01 = vzero()
+                j = 0
+                while j + 2 * L <= ni:
+                    a00 = vfma(vload(sc, at + j), one, a00)
+                    a01 = vfma(vload(sc, at + j + L), one, a01)
+                    j += 2 * L
+                tot = 0.0 + vhsum(a00) + vhsum(a01)
+                while j < ni:
+                    tot += sc[at + j]
+                    j += 1
+                inv[r] = 1.0 / tot
+                ''')
+        src.add(_pv_tile(PV_VECTORS))
+    src.add("    return packed_bad + rows_bad")
+    return src
 
 
-def _tile_accumulators(nv: int, pad: str) -> list[str]:
-    return [f"{pad}a{r}{c} = vzero()" for r in range(TILE_ROWS) for c in range(nv)]
+def _tile_accumulators(nv: int) -> list[str]:
+    return [f"a{r}{c} = vzero()" for r in range(TILE_ROWS) for c in range(nv)]
 
 
-TILE_PAD = " " * 16  # the depth of QK_TILE and PV_TILE in the template
-
-
-def _fma_rows(pad: str, row_value: str, vector: str, nv: int) -> list[str]:
+def _fma_rows(row_value: str, vector: str, nv: int) -> list[str]:
     """Each tile row's accumulators += its broadcast ``row_value`` (``{r}``: the row) times the
     ``nv`` loaded vectors ``vector0..``."""
     lines = []
     for r in range(TILE_ROWS):
-        lines.append(f"{pad}x = vbcast({row_value.format(r=r)})")
-        lines += [f"{pad}a{r}{c} = vfma(x, {vector}{c}, a{r}{c})" for c in range(nv)]
+        lines.append(f"x = vbcast({row_value.format(r=r)})")
+        lines += [f"a{r}{c} = vfma(x, {vector}{c}, a{r}{c})" for c in range(nv)]
     return lines
 
 
-def _qk_tile(nv: int) -> list[str]:
+def _qk_tile(nv: int) -> Source:
     """Scores of 4 query rows × ``nv`` vectors of keys per step, over the quad's key range."""
-    p = TILE_PAD
-    lines = [f"{p}q0 = r0 * nd", f"{p}j = jlo", f"{p}while j < jhi:", *_tile_accumulators(nv, p + "    "),
-             f"{p}    p = ktb + j", f"{p}    for d in range(nd):"]
-    lines += [f"{p}        k{c} = vload(kt, p + {c} * L)" for c in range(nv)]
-    lines += _fma_rows(p + "        ", "qk[q0 + {r} * nd + d]", "k", nv)
-    lines += [f"{p}        p += nkp", f"{p}    s0 = r0 * nkp + j"]
-    lines += [f"{p}    vstore(sc, s0 + {r} * nkp + {c} * L, a{r}{c})" for r in range(TILE_ROWS) for c in range(nv)]
-    lines.append(f"{p}    j += WK")
-    return lines
+    src = Source().add("q0 = r0 * nd", "j = jlo")
+    with src.block("while j < jhi:"):
+        src.add(_tile_accumulators(nv), "p = ktb + j")
+        with src.block("for d in range(nd):"):
+            src.add([f"k{c} = vload(kt, p + {c} * L)" for c in range(nv)])
+            src.add(_fma_rows("qk[q0 + {r} * nd + d]", "k", nv), "p += nkp")
+        src.add("s0 = r0 * nkp + j")
+        src.add([f"vstore(sc, s0 + {r} * nkp + {c} * L, a{r}{c})" for r in range(TILE_ROWS) for c in range(nv)])
+        src.add("j += WK")
+    return src
 
 
-def _pv_tile(nv: int) -> list[str]:
+def _pv_tile(nv: int) -> Source:
     """Outputs of 4 query rows × ``nv`` vectors of values per step, summed over the quad's keys,
     scaled by each row's 1/sum and stored (whole vectors where the value axes are contiguous)."""
-    p = TILE_PAD
-    lines = [f"{p}p0 = r0 * nkp", f"{p}e0 = 0", f"{p}while e0 < nep:", *_tile_accumulators(nv, p + "    "),
-             f"{p}    pv = vbase + jlo * nep + e0", f"{p}    for j in range(jlo, jhi):"]
-    lines += [f"{p}        v{c} = vload(vp, pv + {c} * L)" for c in range(nv)]
-    lines += _fma_rows(p + "        ", "sc[p0 + {r} * nkp + j]", "v", nv)
-    lines += [f"{p}        pv += nep", f"{p}    top = min(WE, ne - e0)", f"{p}    if ec and top == WE:",
-              f"{p}        z = vzero()"]
-    for r in range(TILE_ROWS):
-        lines += [f"{p}        if r0 + {r} < nr:", f"{p}            at = ob[b] + oq[i0 + r0 + {r}] + e0",
-                  f"{p}            f = vbcast(inv[r0 + {r}])"]
-        lines += [f"{p}            vstore(out, at + {c} * L, vfma(a{r}{c}, f, z))" for c in range(nv)]
-    lines.append(f"{p}    else:")
-    lines += [f"{p}        vstore(tmp, {r} * WE + {c} * L, a{r}{c})" for r in range(TILE_ROWS) for c in range(nv)]
-    lines += [f"{p}        for r in range(r0, min(r0 + 4, nr)):", f"{p}            at = ob[b] + oq[i0 + r]",
-              f"{p}            f = inv[r]", f"{p}            for e in range(top):",
-              f"{p}                out[at + oe[e0 + e]] = tmp[(r - r0) * WE + e] * f",
-              f"{p}    e0 += WE"]
-    return lines
+    src = Source().add("p0 = r0 * nkp", "e0 = 0")
+    with src.block("while e0 < nep:"):
+        src.add(_tile_accumulators(nv), "pv = vbase + jlo * nep + e0")
+        with src.block("for j in range(jlo, jhi):"):
+            src.add([f"v{c} = vload(vp, pv + {c} * L)" for c in range(nv)])
+            src.add(_fma_rows("sc[p0 + {r} * nkp + j]", "v", nv), "pv += nep")
+        src.add("top = min(WE, ne - e0)")
+        with src.block("if ec and top == WE:"):
+            src.add("z = vzero()")
+            for r in range(TILE_ROWS):
+                with src.block(f"if r0 + {r} < nr:"):
+                    src.add(f"at = ob[b] + oq[i0 + r0 + {r}] + e0", f"f = vbcast(inv[r0 + {r}])")
+                    src.add([f"vstore(out, at + {c} * L, vfma(a{r}{c}, f, z))" for c in range(nv)])
+        with src.block("else:"):
+            src.add([f"vstore(tmp, {r} * WE + {c} * L, a{r}{c})" for r in range(TILE_ROWS) for c in range(nv)])
+            src.add("""
+                for r in range(r0, min(r0 + 4, nr)):
+                    at = ob[b] + oq[i0 + r]
+                    f = inv[r]
+                    for e in range(top):
+                        out[at + oe[e0 + e]] = tmp[(r - r0) * WE + e] * f
+                """)
+        src.add("e0 += WE")
+    return src
 
 
-# How compiled code calls the kernel (runtime.execution.driver): the mask's spans and the
-# chain's scalars worked out from the run's values, as the Python launch does before it.
-_CALL = '''
-
-@njit(cache=True, nogil=True)
-def call(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, nkm, out, ob, oq, oe, ec, nq, nk, nd,
-         ne, bq, count_q, count_k, count_vSCALARS):
-    slo, shi, sdense = _spans(mk.reshape((mk.size // nkm, nkm)))
-    cs = np.zeros(NCS, DT)
-FILLS    return kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo, shi, sdense, cs, out,
-                  ob, oq, oe, ec, nq, nk, nd, ne, bq, count_q != 0, count_k != 0, count_v != 0)
-'''
+def _call(scalars: int) -> Source:
+    """How compiled code calls the kernel (runtime.execution.driver): the mask's spans and the
+    chain's ``scalars`` scalars (one-element arrays, last) worked out from the run's values,
+    as the Python launch does before it."""
+    given = "".join(f", e{k}" for k in range(scalars))
+    src = Source().add("", "@njit(cache=True, nogil=True)")
+    with src.block("def call(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, nkm, out, ob, oq, oe, "
+                   f"ec, nq, nk, nd,\n         ne, bq, count_q, count_k, count_v{given}):"):
+        src.add("slo, shi, sdense = _spans(mk.reshape((mk.size // nkm, nkm)))",
+                f"cs = np.zeros({max(1, scalars)}, DT)", [f"cs[{k}] = e{k}[0]" for k in range(scalars)])
+        src.add("""
+            return kernel(qf, qb, qi, qsd, kf, kb, ksj, ksd, vf, vb, vsj, ve, mrb, mrq, mk, slo, shi, sdense, cs, out,
+                          ob, oq, oe, ec, nq, nk, nd, ne, bq, count_q != 0, count_k != 0, count_v != 0)
+            """)
+    return src
 
 
 def _source(dt: str, chain: Sequence[str], parallel: bool, scalars: int = 0) -> str:
@@ -324,27 +346,18 @@ def _source(dt: str, chain: Sequence[str], parallel: bool, scalars: int = 0) -> 
                      table, table, "_t.Array(_t.uint8, 1, 'C', readonly=True)", data,  # spans, scalars
                      f"_t.Array(_t.{dt}, 1, 'C')", table, table, table, i64,  # out
                      i64, i64, i64, i64, i64, "_t.boolean", "_t.boolean", "_t.boolean"])
-    pad = " " * 20  # (the depth of CHAIN in the template)
-    chain_lines = [f"{pad}for u in range(un):", f"{pad}    x = sc[ua + u]"]
-    chain_lines += [f"{pad}    " + line for line in chain]
-    chain_lines.append(f"{pad}    sc[ua + u] = x")
-    body = _TEMPLATE.replace("LOOP", "prange" if parallel else "range")
-    body = body.replace("NWORK", str(WORKERS) if parallel else "1")
-    body = body.replace("QK_TILE\n", "\n".join(_qk_tile(QK_VECTORS)) + "\n")
-    body = body.replace("PV_TILE\n", "\n".join(_pv_tile(PV_VECTORS)) + "\n")
-    body = body.replace("CHAIN\n", "\n".join(chain_lines) + "\n" if chain else "")
-    head = [f'"""Generated by runtime.kernels.attention {STAMP}: fused attention, {dt}'
-            f'{", parallel" if parallel else ""}."""',
-            "import math", "import numpy as np", "from numba import njit, prange, uint64 as _u, types as _t",
-            "from runtime.kernels.atomic import left as _left, take as _take",
-            simd.ops_import(dt), simd.scan_import(dt), vmath.IMPORT,
-            f"from runtime.kernels.attention import vmax_{suffix} as vmax, hmax_{suffix} as hmax, spans as _spans", "",
-            f"DT = np.{dt}", f"L = {simd.lanes(dt)}", f"WK = {QK_VECTORS * simd.lanes(dt)}",
+    src = Source(f"Generated by runtime.kernels.attention {STAMP}: fused attention, {dt}"
+                 f"{', parallel' if parallel else ''}.",
+                 ["import math", "import numpy as np", "from numba import njit, prange, uint64 as _u, types as _t",
+                  "from runtime.kernels.atomic import left as _left, take as _take",
+                  simd.ops_import(dt), simd.scan_import(dt), vmath.IMPORT,
+                  f"from runtime.kernels.attention import vmax_{suffix} as vmax, hmax_{suffix} as hmax, "
+                  "spans as _spans"])
+    src.add("", f"DT = np.{dt}", f"L = {simd.lanes(dt)}", f"WK = {QK_VECTORS * simd.lanes(dt)}",
             f"WE = {PV_VECTORS * simd.lanes(dt)}", "",
-            f"@njit(_t.int64({sig}), cache=True, parallel={parallel}, error_model='numpy', nogil=True)"]
-    call = (_CALL.replace("SCALARS", "".join(f", e{k}" for k in range(scalars)))
-            .replace("NCS", str(max(1, scalars))).replace("FILLS", "".join(f"    cs[{k}] = e{k}[0]\n" for k in range(scalars))))
-    return "\n".join(vmath.with_imports(head + body.strip("\n").split("\n"))) + call
+            f"@njit(_t.int64({sig}), cache=True, parallel={parallel}, error_model='numpy', nogil=True)")
+    src.add(_kernel(parallel, chain), _call(scalars))
+    return "\n".join(vmath.with_imports(src.module_lines())) + "\n"
 
 
 class AttentionKernel:

@@ -22,7 +22,10 @@ import shutil
 import stat
 import sys
 import tempfile
+import textwrap
 import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from runtime.core import settings
@@ -262,6 +265,72 @@ def clear_cache() -> int:
                 break
             folder = folder.parent
     return removed
+
+
+class Source:
+    """Generated source, built in the order it reads: a docstring, its imports (each line once,
+    in the order first asked for), then lines, indented by the blocks they are added in.
+
+    ``add`` takes lines (a string without a newline is one line, kept as written), a text
+    block (a string with newlines: dedented, its own relative indentation kept), an iterable
+    of lines, or another ``Source`` (a fragment: its lines, its imports joined to these);
+    each at the current depth. ``block(header)`` adds ``header`` and indents what is added
+    inside the ``with``; ``indented(levels)`` indents without a header. ``text()`` is the
+    module; ``lines`` the body alone, for a fragment spliced elsewhere."""
+
+    INDENT = "    "
+
+    def __init__(self, doc: str | None = None, imports: Iterable[str] = ()):
+        self.doc = doc
+        self._imports: dict[str, None] = {}
+        self._lines: list[str] = []
+        self._depth = 0
+        self.imports(*imports)
+
+    def imports(self, *lines: str) -> Source:
+        """Import lines (each once; an empty one is skipped)."""
+        self._imports.update((line, None) for line in lines if line)
+        return self
+
+    def add(self, *parts: str | Iterable[str] | Source) -> Source:
+        pad = self.INDENT * self._depth
+        for part in parts:
+            if isinstance(part, Source):
+                self.imports(*part._imports)
+                lines = part._lines
+            elif isinstance(part, str):
+                lines = textwrap.dedent(part).strip("\n").split("\n") if "\n" in part else [part]
+            else:
+                lines = list(part)
+            self._lines += [pad + line if line else line for line in lines]
+        return self
+
+    @contextmanager
+    def block(self, header: str) -> Iterator[Source]:
+        """``header`` (``for ...:``, ``def ...:``), then what the ``with`` adds, one level in."""
+        self.add(header)
+        with self.indented():
+            yield self
+
+    @contextmanager
+    def indented(self, levels: int = 1) -> Iterator[Source]:
+        self._depth += levels
+        try:
+            yield self
+        finally:
+            self._depth -= levels
+
+    @property
+    def lines(self) -> list[str]:
+        """The body's lines (no docstring, no imports)."""
+        return list(self._lines)
+
+    def module_lines(self) -> list[str]:
+        """The docstring line, the imports, then the body's lines."""
+        return ([f'"""{self.doc}"""'] if self.doc is not None else []) + list(self._imports) + self._lines
+
+    def text(self) -> str:
+        return "\n".join(self.module_lines()) + "\n"
 
 
 def load_generated(source: str, prefix: str = "gen"):
