@@ -211,10 +211,13 @@ def test_dynamic_tasks_run_every_task_exactly_once(count, chunks):
     from numba import njit, prange
 
     from runtime.kernels.atomic import left, take
+    from runtime.toolkit.cpu import Source
 
-    lines = cpu_codegen.dynamic_tasks("hits.shape[0]", ["hits[t] += 1"], chunks)
+    src = Source()
+    with src.block("def run(hits):"):
+        src.add(cpu_codegen.dynamic_tasks("hits.shape[0]", ["hits[t] += 1"], chunks))
     scope = dict(np=np, prange=prange, _left=left, _take=take)
-    exec("\n".join(["def run(hits):", *lines]), scope)
+    exec(src.text(), scope)
     run = njit(parallel=True)(scope["run"])
     hits = np.zeros(count, np.int64)
     run(hits)

@@ -19,7 +19,7 @@ import numpy as np
 
 from runtime.kernels import vmath
 from runtime.kernels.atomic import WORKERS
-from runtime.kernels.codegen import configure_numba_cache, load_generated
+from runtime.kernels.codegen import Source, configure_numba_cache, load_generated
 from runtime.kernels.layout import keepdims_is_reshape
 from runtime.core import settings
 from runtime.plugins.kernel import (CompiledCall, Counts, Kernel, KernelRequest, Param, const_int, flat_extra, flat_output,
@@ -59,68 +59,67 @@ def index_expr(names: Sequence[str], broadcast: Sequence[bool]) -> str:
     return ", ".join(parts) + ("," if len(parts) == 1 else "")
 
 
-def loop_nest(dims: Sequence[str], body: Sequence[str], parallel: bool, flag: str | None = None) -> list[str]:
-    """Lines iterating ``i0..i{R-1}`` over extents ``dims`` (R >= 1) and running ``body``.
+def loop_nest(dims: Sequence[str], body: Sequence[str] | Source, parallel: bool, flag: str | None = None) -> Source:
+    """A kernel's body (for :func:`render`) iterating ``i0..i{R-1}`` over extents ``dims``
+    (R >= 1) and running ``body`` (lines or a fragment).
 
     The outer axes are flattened into rows; each row's innermost range is cut into ``nblk``
     blocks, so ``prange`` has enough tasks even when the outer extents are 1. With ``flag``
-    (a boolean the body sets), the lines end by returning how many blocks set it."""
+    (a boolean the body sets), it ends by returning how many blocks set it."""
     rank = len(dims)
-    lines = [f"    d{k} = {d}" for k, d in enumerate(dims)]
+    src = Source().add([f"d{k} = {d}" for k, d in enumerate(dims)])
     if flag:
-        lines.append("    _nf = 0")
+        src.add("_nf = 0")
     last = f"d{rank - 1}"
     rows = " * ".join(f"d{k}" for k in range(rank - 1)) or "1"
-    lines += [f"    rows = {rows}",
-              f"    blk = ({last} + nblk - 1) // nblk"]
-    task = ["r = t // nblk",
-            "lo = (t - r * nblk) * blk",
-            f"hi = _u(min(lo + blk, {last}))",
-            "lo = _u(lo)"]
+    src.add(f"rows = {rows}", f"blk = ({last} + nblk - 1) // nblk")
+    task = Source().add("r = t // nblk", "lo = (t - r * nblk) * blk", f"hi = _u(min(lo + blk, {last}))", "lo = _u(lo)")
     # unsigned indices: Numba then skips negative-index wraparound, which otherwise blocks
     # vectorisation of the inner loop
     for k in range(rank - 2, 0, -1):
-        task += [f"i{k} = _u(r % d{k})", f"r = r // d{k}"]
+        task.add(f"i{k} = _u(r % d{k})", f"r = r // d{k}")
     if rank > 1:
-        task.append("i0 = _u(r)")
+        task.add("i0 = _u(r)")
     if flag:
-        task.append(f"{flag} = False")
-    task.append(f"for i{rank - 1} in range(lo, hi):")
-    task += ["    " + line for line in body]
+        task.add(f"{flag} = False")
+    with task.block(f"for i{rank - 1} in range(lo, hi):"):
+        task.add(body)
     if flag:  # (a boolean OR in the loop vectorises; an int64 count would halve the vectors)
-        task.append(f"_nf += {flag}")
+        task.add(f"_nf += {flag}")
     if parallel:  # workers take chunks of tasks from a ticket: see dynamic_tasks
-        lines += dynamic_tasks("rows * nblk", task, DYNAMIC_CHUNKS)
+        src.add(dynamic_tasks("rows * nblk", task, DYNAMIC_CHUNKS))
     else:
-        lines += ["    for t in range(rows * nblk):"] + ["        " + line for line in task]
+        with src.block("for t in range(rows * nblk):"):
+            src.add(task)
     if flag:
-        lines.append("    return _nf")
-    return lines
+        src.add("return _nf")
+    return src
 
 
-def dynamic_tasks(count: str, task: Sequence[str], chunks: int) -> list[str]:
-    """Lines running ``task`` (lines using ``t``) for ``t`` in ``range(count)`` in a parallel
-    region whose workers take chunks of consecutive tasks, about ``chunks`` in all, from a
-    shared ticket as they come free: a worker on a busy core takes fewer. (Numba's
+def dynamic_tasks(count: str, task: Sequence[str] | Source, chunks: int) -> Source:
+    """A fragment running ``task`` (lines using ``t``) for ``t`` in ``range(count)`` in a
+    parallel region whose workers take chunks of consecutive tasks, about ``chunks`` in all,
+    from a shared ticket as they come free: a worker on a busy core takes fewer. (Numba's
     ``set_parallel_chunksize`` does not balance under the omp threading layer: its chunks
     are dealt out statically.)"""
-    return ["    ntask = " + count,
-            f"    chunk = max(1, ntask // {max(1, chunks)})",
-            "    nchunk = (ntask + chunk - 1) // chunk",
-            "    ticket = np.zeros(1, np.int64)",
-            f"    for w in prange({WORKERS}):",
-            "        while _left(ticket, nchunk):",
-            "            c = _take(ticket)",
-            "            if c >= nchunk:",
-            "                break",
-            "            for t in range(c * chunk, min(c * chunk + chunk, ntask)):",
-            *["                " + line for line in task]]
+    src = Source().add(f"ntask = {count}",
+                       f"chunk = max(1, ntask // {max(1, chunks)})",
+                       "nchunk = (ntask + chunk - 1) // chunk",
+                       "ticket = np.zeros(1, np.int64)")
+    with src.block(f"for w in prange({WORKERS}):"), src.block("while _left(ticket, nchunk):"):
+        src.add("c = _take(ticket)")
+        with src.block("if c >= nchunk:"):
+            src.add("break")
+        with src.block("for t in range(c * chunk, min(c * chunk + chunk, ntask)):"):
+            src.add(task)
+    return src
 
 
-def render(name: str, args: Sequence[tuple[str, str, int, bool]], lines: Sequence[str],
+def render(name: str, args: Sequence[tuple[str, str, int, bool]], body: Sequence[str] | Source,
            parallel: bool, returns: str = "void") -> str:
-    """Module source for ``kernel(*args, nblk)``; ``args`` are (name, numba dtype, rank, is_output);
-    ``returns``: the numba type it returns ("int64" for a count)."""
+    """Module source for ``kernel(*args, nblk)`` running ``body`` (a fragment such as
+    :func:`loop_nest`'s, or lines, at the function's depth); ``args`` are (name, numba dtype,
+    rank, is_output); ``returns``: the numba type it returns ("int64" for a count)."""
     sig = []
     for _, dt, rank, is_out in args:
         if is_out:
@@ -128,14 +127,14 @@ def render(name: str, args: Sequence[tuple[str, str, int, bool]], lines: Sequenc
         else:
             sig.append(f"_t.Array(_t.{dt}, {rank}, 'C', readonly=True, aligned=False)")
     params = ", ".join(a[0] for a in args)
-    head = [f'"""Generated by runtime.backends.cpu_codegen: {name}."""',
-            "import math", "import numpy as np", "from numba import njit, prange, uint64 as _u, types as _t",
-            "from runtime.kernels.atomic import left as _left, take as _take",
-            vmath.IMPORT, "",
-            f"SIGNATURE = _t.{returns}({', '.join(sig)}, _t.int64)", "",
-            f"@njit(SIGNATURE, cache=True, parallel={parallel}, error_model='numpy', nogil=True)",
-            f"def kernel({params}, nblk):"]
-    return "\n".join(vmath.with_imports(head + list(lines))) + "\n"
+    src = Source(f"Generated by runtime.backends.cpu_codegen: {name}.",
+                 ["import math", "import numpy as np", "from numba import njit, prange, uint64 as _u, types as _t",
+                  "from runtime.kernels.atomic import left as _left, take as _take", vmath.IMPORT])
+    src.add("", f"SIGNATURE = _t.{returns}({', '.join(sig)}, _t.int64)", "",
+            f"@njit(SIGNATURE, cache=True, parallel={parallel}, error_model='numpy', nogil=True)")
+    with src.block(f"def kernel({params}, nblk):"):
+        src.add(body)
+    return "\n".join(vmath.with_imports(src.module_lines())) + "\n"
 
 
 class NestKernel:
