@@ -28,7 +28,7 @@ import weakref
 
 import numpy as np
 
-from runtime.toolkit.cpu import simd
+from runtime.toolkit.cpu import Source, simd
 
 # Where each form beats BLAS (measured on the seed's shapes; outside them BLAS is kept).
 DOT_MAX_N, DOT_MIN_K = 64, 256
@@ -134,54 +134,58 @@ def usable(form: str, ta: int, tb: int) -> bool:
     return form != "dot" or (ta == 0 and tb == 1)
 
 
-def _indent(lines: list[str], pad: str) -> list[str]:
-    return [pad + line for line in lines]
-
-
-def _dot_block(mr: int, nr: int, lanes: int) -> list[str]:
+def _dot_block(mr: int, nr: int, lanes: int) -> Source:
     R, V = range(mr), range(nr)
-    L = [f"pa{r} = ab + (i + {r}) * lda" for r in R] + [f"pb{v} = bb + (j + {v}) * ldb" for v in V]
-    L += [f"c{r}_{v} = vzero()" for r in R for v in V]
-    L += [f"for kk in range(0, kv, {lanes}):"]
-    L += [f"    b{v} = vload(bm, pb{v} + kk)" for v in V]
-    for r in R:
-        L += [f"    a{r} = vload(am, pa{r} + kk)"] + [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
-    L += [f"s{r}_{v} = vhsum(c{r}_{v})" for r in R for v in V]
-    L += ["for kk in range(kv, k):"] + [f"    s{r}_{v} += am[pa{r} + kk] * bm[pb{v} + kk]" for r in R for v in V]
-    L += [f"scratch[(i + {r}) * n + j + {v}] = s{r}_{v}" for r in R for v in V]
-    return L
+    src = Source().add([f"pa{r} = ab + (i + {r}) * lda" for r in R], [f"pb{v} = bb + (j + {v}) * ldb" for v in V])
+    src.add([f"c{r}_{v} = vzero()" for r in R for v in V])
+    with src.block(f"for kk in range(0, kv, {lanes}):"):
+        src.add([f"b{v} = vload(bm, pb{v} + kk)" for v in V])
+        for r in R:
+            src.add(f"a{r} = vload(am, pa{r} + kk)", [f"c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V])
+    src.add([f"s{r}_{v} = vhsum(c{r}_{v})" for r in R for v in V])
+    with src.block("for kk in range(kv, k):"):
+        src.add([f"s{r}_{v} += am[pa{r} + kk] * bm[pb{v} + kk]" for r in R for v in V])
+    return src.add([f"scratch[(i + {r}) * n + j + {v}] = s{r}_{v}" for r in R for v in V])
 
 
-def _row_blocks(mr: int, rows_of) -> list[str]:
+def _row_blocks(mr: int, rows_of) -> Source:
     """The tile's rows in blocks of ``mr`` (``rows_of(r)``: the lines for ``r`` rows from
     ``i``), then, when ``mr`` is larger, one block of ``REMAINDER_MR``, then row by row: a
     lone row has too few accumulators to hide the FMA latency and runs at a quarter of the
     rate. Each block is more code for LLVM to compile, so there are no blocks of 2:
     ``balanced_rows`` sizes tiles to need none."""
-    L = [f"while i + {mr} <= rows:"] + _indent(rows_of(mr), "    ") + [f"    i += {mr}"]
+    src = Source()
+    with src.block(f"while i + {mr} <= rows:"):
+        src.add(rows_of(mr), f"i += {mr}")
     if mr > REMAINDER_MR:
-        L += [f"if i + {REMAINDER_MR} <= rows:"] + _indent(rows_of(REMAINDER_MR), "    ") + [f"    i += {REMAINDER_MR}"]
-    return L + ["while i < rows:"] + _indent(rows_of(1), "    ") + ["    i += 1"]
+        with src.block(f"if i + {REMAINDER_MR} <= rows:"):
+            src.add(rows_of(REMAINDER_MR), f"i += {REMAINDER_MR}")
+    with src.block("while i < rows:"):
+        src.add(rows_of(1), "i += 1")
+    return src
 
 
-def _rows(mr: int, block, nr: int) -> list[str]:
+def _rows(mr: int, block, nr: int) -> Source:
     """Columns of ``mr`` rows: ``nr`` at a time, then one at a time."""
-    return (["j = 0", f"while j + {nr} <= n:"] + _indent(block(mr, nr), "    ") + [f"    j += {nr}",
-            "while j < n:"] + _indent(block(mr, 1), "    ") + ["    j += 1"])
+    src = Source().add("j = 0")
+    with src.block(f"while j + {nr} <= n:"):
+        src.add(block(mr, nr), f"j += {nr}")
+    with src.block("while j < n:"):
+        src.add(block(mr, 1), "j += 1")
+    return src
 
 
-def dot_tile(dt: str, pad: str) -> list[str]:
+def dot_tile(dt: str) -> Source:
     """``scratch[i, j] = sum_k A[i0 + i, k] B[k, j]`` for the tile's rows (ta=0, tb=1)."""
     lanes = simd.lanes(dt)
 
     def block(mr, nr):
         return _dot_block(mr, nr, lanes)
-    L = ["ab = bi * sab + i0 * lda", "bb = bi * sbb", f"kv = k - k % {lanes}", "i = 0"]
-    L += _row_blocks(DOT_MR, lambda mr: _rows(mr, block, DOT_NR))
-    return _indent(L, pad)
+    src = Source().add("ab = bi * sab + i0 * lda", "bb = bi * sbb", f"kv = k - k % {lanes}", "i = 0")
+    return src.add(_row_blocks(DOT_MR, lambda mr: _rows(mr, block, DOT_NR)))
 
 
-def pack_source(dt: str, nr: int) -> list[str]:
+def pack_source(dt: str, nr: int) -> Source:
     """The module's ``pack_right(bm, nb, k, n, sbb, ldb, tb, par)``: every right-operand
     batch ``q`` packed in panels of ``nr`` columns, ``bp[q][j0 // nr][k, j - j0]`` (the last
     panel zero-padded), so that a register block walks its panel's ``k * nr`` elements in
@@ -190,40 +194,47 @@ def pack_source(dt: str, nr: int) -> list[str]:
     is set (a run-time choice: one compiled function serves every extent); one module per
     dtype and panel width (:func:`pack_function`), so that a resident operand can be packed
     once, outside the kernel (``micro == 2``)."""
-    body = ["pt = np.int64(t)",  # (prange may type it unsigned)
-            "q = pt // npan",
-            f"j0 = (pt - q * npan) * {nr}",
-            "qb = np.uint64(q * sbb)",
-            f"pw = np.uint64(min(n, j0 + {nr}) - j0)",
-            "pu = np.uint64(j0)",
-            f"pp = np.uint64(q * k * npan * {nr} + j0 * k)",
-            "if tb:",  # rows of B run along K: 16x16 blocks, each source row read in order
-            "    for kk0 in range(0, k, 16):",  # (16 rows at once, ldb apart, thrash L1's sets)
-            "        kw = np.uint64(min(k, kk0 + 16) - kk0)",
-            "        for j in range(pw):",
-            "            src = qb + (pu + j) * pld + np.uint64(kk0)",
-            f"            dst = pp + np.uint64(kk0 * {nr}) + j",
-            "            for kk in range(kw):",
-            f"                bp[dst + kk * np.uint64({nr})] = bm[src + kk]",
-            "else:",
-            "    for kk in range(np.uint64(k)):",
-            "        for j in range(pw):",
-            f"            bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk * pld + pu + j]"]
-    return ["@njit(cache=True, nogil=True, parallel=True, error_model='numpy')",
-            "def pack_right(bm, nb, k, n, sbb, ldb, tb, par):",
-            "    nbb = nb if sbb != 0 else 1",
-            f"    npan = (n + {nr - 1}) // {nr}",
-            f"    bp = np.empty(nbb * k * npan * {nr}, np.{dt})",
-            f"    if n % {nr} != 0:",  # only the last panel of each batch has padding columns
-            "        for q in range(nbb):",  # (np.zeros would be a parallel loop even when par is 0)
-            f"            for i in range((q * npan + npan - 1) * k * {nr}, (q + 1) * npan * k * {nr}):",
-            "                bp[i] = 0",
-            "    pld = np.uint64(ldb)",  # unsigned indices: the copies vectorise
-            "    if par:",
-            "        for t in prange(nbb * npan):", *_indent(body, "            "),
-            "    else:",
-            "        for t in range(nbb * npan):", *_indent(body, "            "),
-            "    return bp", "", ""]
+    # pt: prange may type t unsigned. tb: rows of B run along K, copied in 16x16 blocks, each
+    # source row read in order (16 rows at once, ldb apart, thrash L1's sets)
+    task = f"""
+        pt = np.int64(t)
+        q = pt // npan
+        j0 = (pt - q * npan) * {nr}
+        qb = np.uint64(q * sbb)
+        pw = np.uint64(min(n, j0 + {nr}) - j0)
+        pu = np.uint64(j0)
+        pp = np.uint64(q * k * npan * {nr} + j0 * k)
+        if tb:
+            for kk0 in range(0, k, 16):
+                kw = np.uint64(min(k, kk0 + 16) - kk0)
+                for j in range(pw):
+                    src = qb + (pu + j) * pld + np.uint64(kk0)
+                    dst = pp + np.uint64(kk0 * {nr}) + j
+                    for kk in range(kw):
+                        bp[dst + kk * np.uint64({nr})] = bm[src + kk]
+        else:
+            for kk in range(np.uint64(k)):
+                for j in range(pw):
+                    bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk * pld + pu + j]"""
+    src = Source().add("@njit(cache=True, nogil=True, parallel=True, error_model='numpy')")
+    with src.block("def pack_right(bm, nb, k, n, sbb, ldb, tb, par):"):
+        # only the last panel of each batch has padding columns (np.zeros would be a parallel
+        # loop even when par is 0); unsigned indices (pld): the copies vectorise
+        src.add(f"""
+            nbb = nb if sbb != 0 else 1
+            npan = (n + {nr - 1}) // {nr}
+            bp = np.empty(nbb * k * npan * {nr}, np.{dt})
+            if n % {nr} != 0:
+                for q in range(nbb):
+                    for i in range((q * npan + npan - 1) * k * {nr}, (q + 1) * npan * k * {nr}):
+                        bp[i] = 0
+            pld = np.uint64(ldb)""")
+        with src.block("if par:"), src.block("for t in prange(nbb * npan):"):
+            src.add(task)
+        with src.block("else:"), src.block("for t in range(nbb * npan):"):
+            src.add(task)
+        src.add("return bp")
+    return src
 
 
 def pack_function(dt: str, import_as: str = "pack_right", form: str = "bcast") -> str:
@@ -237,57 +248,61 @@ def pack_module(dt: str, form: str = "bcast"):
     from runtime.toolkit import configure_numba_cache, load_generated
 
     nr = panel_columns(form, dt)
-    source = "\n".join([f'"""Generated by atoms.contract.micro: the right-operand packing in panels of {nr}, {dt}."""',
-                        "import numpy as np", "from numba import njit, prange", "", "", *pack_source(dt, nr)])
+    src = Source(f"Generated by atoms.contract.micro: the right-operand packing in panels of {nr}, {dt}.",
+                 ["import numpy as np", "from numba import njit, prange"])
+    src.add("", "", pack_source(dt, nr), "")  # (the blank last line keeps the module's cached name)
     configure_numba_cache()
-    return load_generated(source, "bcast_pack")
+    return load_generated(src.text(), "bcast_pack")
 
 
-def _bcast_rows(mr: int, lanes: int, dt: str, pack_left: bool = False) -> list[str]:
+def _bcast_rows(mr: int, lanes: int, dt: str, pack_left: bool = False) -> Source:
     """``mr`` rows: every ``NR``-column block accumulates ``A[row, kk] * bp[kk, j:j + NR]``
     over K, broadcasting A's elements straight from the operand (either layout: ``ks`` is
     its K stride). Unsigned offsets keep Numba's negative-index wraparound out of the loop."""
     R, V = range(mr), range(BCAST_NV)
     nr = BCAST_NV * lanes
-    L = [f"pa{r} = np.uint64(ab + (i0 + i + {r}) * rs)" for r in R]
-    if pack_left and mr > 1:  # the block's rows interleaved in apk: element (kk, r) at kk * mr + r
-        L += ["for kk in range(np.uint64(k)):"] + [f"    apk[kk * np.uint64({mr}) + np.uint64({r})] = am[pa{r} + kk * ks]" for r in R]
-    L += ["j = 0", f"while j + {nr} <= n:"]
-    body = [f"c{r}_{v} = vzero()" for r in R for v in V] + ["pb = pq + j * k"]
-    if pack_left and mr > 1:
-        body += ["pk = np.uint64(0)", "for kk in range(np.uint64(k)):"]
-    else:
-        body += ["for kk in range(np.uint64(k)):"]
-    body += [f"    b{v} = vload(bp, pb + {v * lanes})" for v in V]
-    for r in R:
-        src = f"apk[pk + np.uint64({r})]" if pack_left and mr > 1 else f"am[pa{r} + kk * ks]"
-        body += [f"    a{r} = vbcast({src})"] + [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
-    body += [f"    pb += {nr}"]
-    if pack_left and mr > 1:
-        body += [f"    pk += np.uint64({mr})"]
-    body += [f"vstore(scratch, (i + {r}) * n + j + {v * lanes}, c{r}_{v})" for r in R for v in V]
-    L += _indent(body, "    ") + [f"    j += {nr}", "while j < n:"]
-    tail = [f"pc = np.uint64(pq + (j - j % {nr}) * k + j % {nr})"]
-    for r in R:
-        tail += [f"s{r} = np.{dt}(0)", "for kk in range(np.uint64(k)):",
-                 f"    s{r} += am[pa{r} + kk * ks] * bp[pc + kk * np.uint64({nr})]",
-                 f"scratch[(i + {r}) * n + j] = s{r}"]
-    L += _indent(tail, "    ") + ["    j += 1"]
-    return L
+    packed = pack_left and mr > 1
+    src = Source().add([f"pa{r} = np.uint64(ab + (i0 + i + {r}) * rs)" for r in R])
+    if packed:  # the block's rows interleaved in apk: element (kk, r) at kk * mr + r
+        with src.block("for kk in range(np.uint64(k)):"):
+            src.add([f"apk[kk * np.uint64({mr}) + np.uint64({r})] = am[pa{r} + kk * ks]" for r in R])
+    src.add("j = 0")
+    with src.block(f"while j + {nr} <= n:"):
+        src.add([f"c{r}_{v} = vzero()" for r in R for v in V], "pb = pq + j * k")
+        if packed:
+            src.add("pk = np.uint64(0)")
+        with src.block("for kk in range(np.uint64(k)):"):
+            src.add([f"b{v} = vload(bp, pb + {v * lanes})" for v in V])
+            for r in R:
+                a = f"apk[pk + np.uint64({r})]" if packed else f"am[pa{r} + kk * ks]"
+                src.add(f"a{r} = vbcast({a})", [f"c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V])
+            src.add(f"pb += {nr}")
+            if packed:
+                src.add(f"pk += np.uint64({mr})")
+        src.add([f"vstore(scratch, (i + {r}) * n + j + {v * lanes}, c{r}_{v})" for r in R for v in V])
+        src.add(f"j += {nr}")
+    with src.block("while j < n:"):
+        src.add(f"pc = np.uint64(pq + (j - j % {nr}) * k + j % {nr})")
+        for r in R:
+            src.add(f"s{r} = np.{dt}(0)")
+            with src.block("for kk in range(np.uint64(k)):"):
+                src.add(f"s{r} += am[pa{r} + kk * ks] * bp[pc + kk * np.uint64({nr})]")
+            src.add(f"scratch[(i + {r}) * n + j] = s{r}")
+        src.add("j += 1")
+    return src
 
 
-def bcast_tile(dt: str, pad: str, pack_left: bool = False) -> list[str]:
+def bcast_tile(dt: str, pack_left: bool = False) -> Source:
     """``scratch[i, j] = sum_k A[i0 + i, k] bp[k, j]`` for the tile's rows; ``pack_left``: each
     block's rows first copied into the kernel's ``apk`` (see ``PACK_LEFT_MIN_PANELS``)."""
     lanes = simd.lanes(dt)
-    L = ["ab = bi * sab", "pq = (bi if sbb != 0 else 0) * k * npad",
-         "rs = 1 if ta else lda", "ks = np.uint64(lda if ta else 1)", "i = 0"]
-    L += _row_blocks(BCAST_MR, lambda mr: _bcast_rows(mr, lanes, dt, pack_left))
-    return _indent(L, pad)
+    src = Source().add("ab = bi * sab", "pq = (bi if sbb != 0 else 0) * k * npad",
+                       "rs = 1 if ta else lda", "ks = np.uint64(lda if ta else 1)", "i = 0")
+    return src.add(_row_blocks(BCAST_MR, lambda mr: _bcast_rows(mr, lanes, dt, pack_left)))
 
 
-def blocked_tile(dt: str, pad: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, kc: int | None = None,
-                 lanes: int | None = None) -> list[str]:
+def blocked_tile(dt: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, kc: int | None = None,
+                 lanes: int | None = None) -> Source:
     """``scratch[i, j] = sum_k A[i0 + i, k] bp[k, j]`` for the tile's rows, into a scratch
     of rows of whole panels (``bn`` columns: a register tile stores whole vectors), the tile's
     rows rounded up to whole strips (padding rows are zero). Every element is one chain of
@@ -299,47 +314,53 @@ def blocked_tile(dt: str, pad: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, 
     nr = nv * lanes
     R, V = range(mr), range(nv)
     u = "np.uint64"
-    strip = ["if kc0 == 0:", *[f"    c{r}_{v} = vzero()" for r in R for v in V], "else:",
-             *[f"    c{r}_{v} = vload(scratch, so + {u}({r}) * sn + {u}({v * lanes}))" for r in R for v in V],
-             f"pa = {u}(ib * kw)", f"pb = {u}(pbb)", f"for kk in range({u}(kw)):",
-             *[f"    b{v} = vload(m_bp, pb + {u}({v * lanes}))" for v in V]]
-    for r in R:
-        strip += [f"    a{r} = vbcast(apk[pa + {u}({r})])"] + [f"    c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V]
-    strip += [f"    pa += {u}({mr})", f"    pb += {u}({nr})"]
-    strip += [f"vstore(scratch, so + {u}({r}) * sn + {u}({v * lanes}), c{r}_{v})" for r in R for v in V]
-    L = [f"bn = (n + {nr - 1}) // {nr} * {nr}", f"sn = {u}(bn)",
-         "pq = (bi if sbb != 0 else 0) * k * bn",  # this batch's panels (pack_right's layout)
-         f"rpad = (rows + {mr - 1}) // {mr} * {mr}",
-         f"for kc0 in range(0, k, {kc}):",
-         f"    kw = min({kc}, k - kc0)",
-         # the strips: element (kk, r) of strip ib at ib * kw + kk * MR + r
-         "    if ta:",  # K leads (a weight gradient's gᵀ): copy along A's rows, which hold the tile's
-         f"        for kk in range({u}(kw)):",  # rows; read down a column they were lda apart (one
-         f"            src = {u}(bi * sab + (kc0 + kk) * lda + i0)",  # set of L1, a TLB miss each)
-         f"            for ib in range(0, rpad, {mr}):",
-         f"                dst = {u}(ib * kw) + kk * {u}({mr})",
-         f"                for r in range({mr}):",
-         "                    if ib + r < rows:",
-         f"                        apk[dst + {u}(r)] = am[src + {u}(ib + r)]",
-         "                    else:",
-         f"                        apk[dst + {u}(r)] = 0",
-         "    else:",
-         f"        for ib in range(0, rpad, {mr}):",
-         f"            for r in range({mr}):",
-         f"                dst = {u}(ib * kw + r)",
-         "                if ib + r < rows:",
-         f"                    src = {u}(bi * sab + (i0 + ib + r) * lda + kc0)",
-         f"                    for kk in range({u}(kw)):",
-         f"                        apk[dst + kk * {u}({mr})] = am[src + kk]",
-         "                else:",
-         f"                    for kk in range({u}(kw)):",
-         f"                        apk[dst + kk * {u}({mr})] = 0",
-         f"    for j0 in range(0, bn, {nr}):",
-         f"        pbb = pq + j0 * k + kc0 * {nr}",
-         f"        for ib in range(0, rpad, {mr}):",
-         f"            so = {u}(ib * bn + j0)",
-         *_indent(strip, "            ")]
-    return _indent(L, pad)
+    strip = Source()
+    with strip.block("if kc0 == 0:"):
+        strip.add([f"c{r}_{v} = vzero()" for r in R for v in V])
+    with strip.block("else:"):
+        strip.add([f"c{r}_{v} = vload(scratch, so + {u}({r}) * sn + {u}({v * lanes}))" for r in R for v in V])
+    strip.add(f"pa = {u}(ib * kw)", f"pb = {u}(pbb)")
+    with strip.block(f"for kk in range({u}(kw)):"):
+        strip.add([f"b{v} = vload(m_bp, pb + {u}({v * lanes}))" for v in V])
+        for r in R:
+            strip.add(f"a{r} = vbcast(apk[pa + {u}({r})])", [f"c{r}_{v} = vfma(a{r}, b{v}, c{r}_{v})" for v in V])
+        strip.add(f"pa += {u}({mr})", f"pb += {u}({nr})")
+    strip.add([f"vstore(scratch, so + {u}({r}) * sn + {u}({v * lanes}), c{r}_{v})" for r in R for v in V])
+    src = Source().add(f"bn = (n + {nr - 1}) // {nr} * {nr}", f"sn = {u}(bn)",
+                       "pq = (bi if sbb != 0 else 0) * k * bn",  # this batch's panels (pack_right's layout)
+                       f"rpad = (rows + {mr - 1}) // {mr} * {mr}")
+    with src.block(f"for kc0 in range(0, k, {kc}):"):
+        # the strips: element (kk, r) of strip ib at ib * kw + kk * MR + r. With ta, K leads (a
+        # weight gradient's gᵀ): copied along A's rows, which hold the tile's rows; read down a
+        # column they were lda apart (one set of L1, a TLB miss each)
+        src.add(f"""
+            kw = min({kc}, k - kc0)
+            if ta:
+                for kk in range({u}(kw)):
+                    src = {u}(bi * sab + (kc0 + kk) * lda + i0)
+                    for ib in range(0, rpad, {mr}):
+                        dst = {u}(ib * kw) + kk * {u}({mr})
+                        for r in range({mr}):
+                            if ib + r < rows:
+                                apk[dst + {u}(r)] = am[src + {u}(ib + r)]
+                            else:
+                                apk[dst + {u}(r)] = 0
+            else:
+                for ib in range(0, rpad, {mr}):
+                    for r in range({mr}):
+                        dst = {u}(ib * kw + r)
+                        if ib + r < rows:
+                            src = {u}(bi * sab + (i0 + ib + r) * lda + kc0)
+                            for kk in range({u}(kw)):
+                                apk[dst + kk * {u}({mr})] = am[src + kk]
+                        else:
+                            for kk in range({u}(kw)):
+                                apk[dst + kk * {u}({mr})] = 0""")
+        with src.block(f"for j0 in range(0, bn, {nr}):"):
+            src.add(f"pbb = pq + j0 * k + kc0 * {nr}")
+            with src.block(f"for ib in range(0, rpad, {mr}):"):
+                src.add(f"so = {u}(ib * bn + j0)", strip)
+    return src
 
 
 # The tiles' parameters: they are functions of their own (tile_function), so their locals
@@ -368,14 +389,14 @@ def tile_function(form: str, dt: str, pack_left: bool = False, import_as: str = 
 
     if form == "blocked":
         return _blocked_function(dt, import_as)
-    body = dot_tile(dt, "    ") if form == "dot" else bcast_tile(dt, "    ", pack_left)
     what = f"{form} {dt}" + (" packed left" if pack_left else "")
-    source = "\n".join([f'"""Generated by atoms.contract.micro: the {what} micro-kernel tile."""',
-                        "import numpy as np", "from numba import njit", simd.ops_import(dt), "", "",
-                        "@njit(cache=True, nogil=True, error_model='numpy')",
-                        f"def tile({TILE_PARAMS[form]}):", *body, ""])
+    src = Source(f"Generated by atoms.contract.micro: the {what} micro-kernel tile.",
+                 ["import numpy as np", "from numba import njit", simd.ops_import(dt)])
+    src.add("", "", "@njit(cache=True, nogil=True, error_model='numpy')")
+    with src.block(f"def tile({TILE_PARAMS[form]}):"):
+        src.add(dot_tile(dt) if form == "dot" else bcast_tile(dt, pack_left))
     configure_numba_cache()
-    module = load_generated(source, f"{form}_tile")
+    module = load_generated(src.text(), f"{form}_tile")
     return f"from {module.__name__} import tile as {import_as}"
 
 
@@ -386,20 +407,18 @@ def _blocked_function(dt: str, import_as: str) -> str:
 
     nargs = len(BLOCKED_ARGS.split(", "))  # 4 array addresses, then int64s
     ints = ", ".join(["_t.int64"] * (nargs - 4))
-    source = "\n".join([
-        f'"""Generated by atoms.contract.micro: the blocked {dt} micro-kernel tile, a C function."""',
-        "import llvmlite.binding as _ll", "import numpy as np", "from numba import carray, cfunc, types as _t",
-        simd.ops_import(dt, wide=True), "", f"_P = _t.CPointer(_t.{dt})", "", "",
-        f"@cfunc(_t.void(_P, _P, _P, _P, {ints}), cache=True, nopython=True, error_model='numpy')",
-        "def tile_c(p_am, p_bp, p_scr, p_apk, n_am, n_bp, n_scr, n_apk, bi, sab, sbb, ta, lda, i0, rows, n, k):",
-        "    am = carray(p_am, (n_am,))", "    m_bp = carray(p_bp, (n_bp,))",
-        "    scratch = carray(p_scr, (n_scr,))", "    apk = carray(p_apk, (n_apk,))",
-        *blocked_tile(dt, "    "), "", "",
-        'SYMBOL = "formula_" + __name__.replace(".", "_")',
-        "_ll.add_symbol(SYMBOL, tile_c.address)",
-        f"tile = _t.ExternalFunction(SYMBOL, _t.void(*[_t.int64] * {nargs}))", ""])
+    src = Source(f"Generated by atoms.contract.micro: the blocked {dt} micro-kernel tile, a C function.",
+                 ["import llvmlite.binding as _ll", "import numpy as np", "from numba import carray, cfunc, types as _t",
+                  simd.ops_import(dt, wide=True)])
+    src.add("", f"_P = _t.CPointer(_t.{dt})", "", "",
+            f"@cfunc(_t.void(_P, _P, _P, _P, {ints}), cache=True, nopython=True, error_model='numpy')")
+    with src.block("def tile_c(p_am, p_bp, p_scr, p_apk, n_am, n_bp, n_scr, n_apk, bi, sab, sbb, ta, lda, i0, rows, n, k):"):
+        src.add("am = carray(p_am, (n_am,))", "m_bp = carray(p_bp, (n_bp,))",
+                "scratch = carray(p_scr, (n_scr,))", "apk = carray(p_apk, (n_apk,))", blocked_tile(dt))
+    src.add("", "", 'SYMBOL = "formula_" + __name__.replace(".", "_")', "_ll.add_symbol(SYMBOL, tile_c.address)",
+            f"tile = _t.ExternalFunction(SYMBOL, _t.void(*[_t.int64] * {nargs}))")
     configure_numba_cache()
-    module = load_generated(source, "blocked_tile")
+    module = load_generated(src.text(), "blocked_tile")
     return f"from {module.__name__} import tile as {import_as}"
 
 

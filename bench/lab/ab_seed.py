@@ -76,8 +76,14 @@ def built(inputs, banks, module=None, name=None, value=None, resident=True):
 
 def rows_one_by_one(mr, rows_of):
     """``micro._row_blocks`` with no block of 4: full blocks, then the remainder row by row."""
-    return ([f"while i + {mr} <= rows:"] + ["    " + line for line in rows_of(mr)] + [f"    i += {mr}"]
-            + ["while i < rows:"] + ["    " + line for line in rows_of(1)] + ["    i += 1"])
+    from runtime.toolkit.cpu import Source
+
+    src = Source()
+    with src.block(f"while i + {mr} <= rows:"):
+        src.add(rows_of(mr), f"i += {mr}")
+    with src.block("while i < rows:"):
+        src.add(rows_of(1), "i += 1")
+    return src
 
 
 def variants(inputs, banks, only: list[str] | None = None):

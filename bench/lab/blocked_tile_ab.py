@@ -24,6 +24,7 @@ from numba import njit, types
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from atoms.contract import micro  # noqa: E402
 from runtime.kernels import simd  # noqa: E402
+from runtime.toolkit.cpu import Source  # noqa: E402
 
 SHAPES = [(128, 512, 2048), (128, 2048, 512), (2048, 1024, 1024), (4096, 1024, 4096)]
 # (MR, NV, lanes, KC, TM): 32-byte vectors, then 64-byte ones (AVX-512)
@@ -36,10 +37,11 @@ def make(mr: int, nv: int, lanes: int, kc: int):
     njit function, and a GEMM calling it per row tile of ``tm`` rows."""
     ops, _ = simd._define(types.float32, 4 * lanes)
     nr = nv * lanes
-    src = ["def tile(am, m_bp, scratch, apk, bi, sab, sbb, ta, lda, i0, rows, n, k):",
-           *micro.blocked_tile("float32", "    ", mr, nv, kc, lanes)]
+    src = Source()
+    with src.block("def tile(am, m_bp, scratch, apk, bi, sab, sbb, ta, lda, i0, rows, n, k):"):
+        src.add(micro.blocked_tile("float32", mr, nv, kc, lanes))
     scope = {"np": np, **{f"v{op}": fn for op, fn in ops.items()}}
-    exec("\n".join(src), scope)
+    exec(src.text(), scope)
     tile = njit(nogil=True, error_model="numpy")(scope["tile"])
 
     @njit(nogil=True, error_model="numpy")
