@@ -74,6 +74,13 @@ def built(inputs, banks, module=None, name=None, value=None, resident=True):
     return exe, run_banks
 
 
+def libm_imports(lines: list[str]) -> list[str]:
+    """``vmath.with_imports`` binding the vector helpers' names to libm's functions."""
+    libm = ("from math import exp as _vexp, erf as _verf, tanh as _vtanh; "
+            "from runtime.kernels.vmath import gelu_libm as _vgelu")
+    return [libm if line == vmath.IMPORT else line for line in lines]
+
+
 def rows_one_by_one(mr, rows_of):
     """``micro._row_blocks`` with no block of 4: full blocks, then the remainder row by row."""
     from runtime.toolkit.cpu import Source
@@ -103,7 +110,7 @@ def variants(inputs, banks, only: list[str] | None = None):
     makers = {"baseline": (lambda: built(inputs, banks), False),
               "results kept": (lambda: built(inputs, banks), True),
               "separate finiteness pass": (separate, False),
-              "libm exp": (lambda: built(inputs, banks, vmath, "cpu_code", lambda lines: list(lines)), False),
+              "libm exp": (lambda: built(inputs, banks, vmath, "with_imports", libm_imports), False),
               "4 tiles/thread": (lambda: built(inputs, banks, tiles, "TILES_PER_THREAD", 4), False),
               "BLAS tiles": (lambda: built(inputs, banks, micro, "choose_form", lambda *dims: None), False),
               "bcast from 2048 rows": (lambda: built(inputs, banks, micro, "BCAST_MIN_ROWS", 2048), False),
