@@ -54,6 +54,27 @@ def test_new_extents_of_the_seed_compile_nothing_after_warm_up():
     assert compilelog.specialisations() == before
 
 
+def test_a_new_extent_renders_no_contraction_source_again(monkeypatch):
+    """The contraction's source depends on dtypes, layouts and the epilogue, not extents: a
+    plan built for a new extent takes the rendered source of the first (the render was a
+    third of a new extent's plan build)."""
+    from atoms.contract import render
+
+    renders = []
+    real = render.render_cpu_source
+    monkeypatch.setattr(render, "render_cpu_source", lambda *a, **k: renders.append(1) or real(*a, **k))
+    monkeypatch.setattr(render, "_SOURCES", type(render._SOURCES)())
+    exe = runtime.compile(SEED, "cpu", tiered=False)
+    inputs, banks = _seed(64)
+    _close(exe.run(inputs=inputs, banks=banks), inputs, banks)
+    first = len(renders)
+    assert first >= 1
+    for tokens in (77, 300):
+        inputs, banks = _seed(tokens, seed=tokens)
+        _close(exe.run(inputs=inputs, banks=banks), inputs, banks)
+    assert len(renders) == first
+
+
 def test_new_extents_of_the_transformer_block_compile_nothing_after_warm_up():
     exe = runtime.compile(transformer.transformer_block_program(full=True), "cpu", tiered=False)
     for tokens in (8, 1):

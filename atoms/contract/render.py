@@ -4,6 +4,7 @@ else BLAS through ``blas``) then read hot by the fused elementwise epilogue.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from runtime.toolkit.cpu import Source, simd, vmath
@@ -50,9 +51,34 @@ def uindex_code(prefix: str, kind: str, var: str) -> str:
 KERNEL_HEAD = ["ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "scan_a", "b", "scan_b", "out", "micro", "bpk"]
 
 
+# rendered sources by everything they depend on: a new extent of a plan renders nothing again
+# (the render was a third of a new extent's plan build on the transformer block)
+_SOURCES: OrderedDict[tuple, str] = OrderedDict()
+MAX_SOURCES = 256
+
+
 def cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[Addressing],
                epilogue: Epilogue, scanned: Sequence[int] = (), checked: Sequence[int] = (),
                values: bool = False, forms: frozenset[int] = ALL_FORMS, shared: Sequence[int] = ()) -> str:
+    """The contract kernel's module source (:func:`render_cpu_source`), rendered once per
+    what it depends on: the addressings' kinds (not their strides or tables), the epilogue's
+    operations and dtypes, and the rest of the arguments."""
+    key = (label, dt, out_addr.kinds, tuple(a.kinds for a in extra_addr),
+           tuple((s.op, s.sources, s.node.output_type.dtype) for s in epilogue.steps),
+           tuple(t.dtype for t in epilogue.extra_types), tuple(scanned), tuple(checked), values,
+           frozenset(forms), tuple(shared))
+    source = _SOURCES.get(key)
+    if source is None:
+        source = render_cpu_source(label, dt, out_addr, extra_addr, epilogue, scanned, checked, values, forms, shared)
+        _SOURCES[key] = source
+        while len(_SOURCES) > MAX_SOURCES:
+            _SOURCES.popitem(last=False)
+    return source
+
+
+def render_cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Sequence[Addressing],
+                      epilogue: Epilogue, scanned: Sequence[int] = (), checked: Sequence[int] = (),
+                      values: bool = False, forms: frozenset[int] = ALL_FORMS, shared: Sequence[int] = ()) -> str:
     """``scan_a``: ``a`` is the left operand in C order, scanned for non-finite values tile by
     tile just before BLAS reads the tile (then from cache); ``scan_b``: ``b`` holds the whole
     right operand, scanned once (both only for operands in ``scanned``). ``checked``: the
