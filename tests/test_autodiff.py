@@ -390,6 +390,7 @@ def test_grad_of_a_scalar_loss_needs_no_cotangent():
                                    2 * x0)
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 def test_cpu_gradients_equal_the_reference():
     from runtime.testing import assert_backends_agree
 

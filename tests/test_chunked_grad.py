@@ -466,6 +466,7 @@ def test_embedding_gradients_through_merged_rows_are_sums():
     assert "B" in tied.tied and "merged with other axes" in tied.tied["B"]
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_tiny_lm_gradient_chunked_and_on_dask_equals_the_whole_run(backend):
     da = pytest.importorskip("dask.array")

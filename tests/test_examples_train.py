@@ -31,6 +31,7 @@ def test_fit_lora_loss_falls():
     assert losses[-1] < 0.3 * losses[0], losses
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 def test_fit_transformer_loss_falls():
     pytest.importorskip("torch", reason="runtime.torch needs PyTorch (pip install torch==2.13.0+cpu)")
     losses = _losses("fit_transformer.py", "--steps", "30", "--every", "10")

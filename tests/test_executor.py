@@ -152,6 +152,7 @@ def test_seed_in_both_dtypes_on_cpu(dtype):
     assert_backends_agree(program, inputs, banks, backends=["cpu"])
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 def test_cuda_results_come_back_as_host_arrays_for_host_inputs():
     inputs, banks = seed_values(T=2)
     res = runtime.execute(SEED, inputs=inputs, banks=banks, backend="cuda")
@@ -174,6 +175,7 @@ def test_unknown_backend_names_the_registered_ones():
     assert err.value.code == "backend_unavailable" and "cpu" in err.value.message
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 def test_cuda_device_inputs_give_device_results_and_are_checked_on_device():
     from numba import cuda
 

@@ -207,6 +207,7 @@ def close(got, want, k, dtype=np.float32):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layout=layouts(), seed=st.integers(0, 2**16))
 def test_cpu_matches_reference(layout, seed):
@@ -229,6 +230,7 @@ def epilogue_for(node, factor_type):
     return Epilogue(steps, ("factor", "base"), (factor_type, node.output_type))
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layout=layouts(), seed=st.integers(0, 2**16), data=st.data())
 def test_cpu_anchor_with_epilogue_matches_reference(layout, seed, data):
@@ -458,6 +460,7 @@ def test_cpu_bcast_with_packed_left_rows_matches_reference(monkeypatch, dtype, f
     test_cpu_micro_kernels_match_reference(monkeypatch, dtype, form, pairs, out, lt, rt)
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layout=layouts(), seed=st.integers(0, 2**16), form=st.sampled_from(["dot", "bcast", "blocked"]))
 def test_cpu_micro_kernels_any_layout(layout, seed, form):
