@@ -579,6 +579,7 @@ def test_half_precision_gradients_accumulate_in_float32(dtype, backend):
         np.testing.assert_allclose(results[dtype][k], results["float32"][k], rtol=rtol, atol=atol * scale)
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 def test_the_example_transformer_block_differentiates_for_every_weight_and_its_input():
     program = json.load(open("examples/transformer-block.program.json"))
     rng = np.random.default_rng(11)

@@ -149,6 +149,7 @@ def test_rounds_report_the_median_round_per_case():
     assert run.parse_args(["--rounds", "3"]).rounds == 3
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 def test_ab_seed_variants_build_and_compute_the_seed():
     """Every side-by-side variant of bench/lab/ab_seed.py builds (its patch names something that
     exists) and still computes the seed; the switched-off mechanisms change speed only."""

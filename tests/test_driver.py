@@ -354,6 +354,7 @@ def segment_programs(draw):
 
 @settings(max_examples=runtime_settings.DRIVER_EXAMPLES.read(), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 @given(segment_programs(), st.integers(0, 2 ** 16))
 def test_random_programs_through_the_drivers_equal_their_python_launches(program, seed):
     rng = np.random.default_rng(seed)

@@ -25,6 +25,7 @@ def _losses(script: str, *args: str) -> list[float]:
     return losses
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 def test_fit_lora_loss_falls():
     pytest.importorskip("torch", reason="runtime.torch needs PyTorch (pip install torch==2.13.0+cpu)")
     losses = _losses("fit_lora.py", "--steps", "30", "--every", "10")

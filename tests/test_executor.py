@@ -134,7 +134,7 @@ def _fused_mix():
     return b.build(outputs=[r, t])
 
 
-@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=pytest.mark.slow)])  # (slow: CI)
 def test_whole_programs_agree_with_the_reference(backend):
     for program, dims in ((SEED, {"B": 1, "S": 4}), (_fused_mix(), {"T": 5})):
         inputs, banks = random_values(program, dims, seed=3)

@@ -116,6 +116,7 @@ def seed_kernels(tmp_path_factory) -> Path:
     return cache
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 @pytest.mark.parametrize("after, how", [("0.1", "end"), ("0.3", "exit"), ("0.5", "raise"), ("0.2", "end")])
 def test_an_exit_while_the_seed_driver_compiles_keeps_its_status(seed_kernels, after, how):
     """Ended a moment into LLVM's optimisation of the seed's driver, a process crashed at

@@ -173,6 +173,7 @@ def test_d7_loading_is_linear_in_the_instruction_count():
     assert t_large < 30 * max(t_small, 0.01)  # 10x the instructions: linear, with a wide margin
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 def test_d7_a_thousand_step_elementwise_chain_compiles_and_runs_on_cpu_from_an_empty_cache(
         tmp_path, monkeypatch):
     monkeypatch.setenv("FORMULA_CACHE_DIR", str(tmp_path))

@@ -271,6 +271,7 @@ def test_vgelu_float32_special_values_are_the_formulas():
     assert np.signbit(got).tolist() == np.signbit(formula).tolist()
 
 
+@pytest.mark.slow  # (CI runs the slow set after the suite: README)
 def test_vgelu_float64_is_the_formula_with_verf_bit_for_bit():
     @njit(error_model="numpy")
     def formula(x, out):
