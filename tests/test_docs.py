@@ -61,7 +61,7 @@ def test_ci_runs_the_readme_test_command_and_nothing_that_installs():
     assert "pip install" not in script and "--upgrade" not in script
     extract = script.split("command=$(", 1)[1].split(")\n", 1)[0]
     found = subprocess.run(["bash", "-c", extract], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    assert found.startswith("python3 -m venv .venv && ") and "python -m pytest tests" in found
+    assert found.startswith("python3 -m venv .venv && ") and "python -m pytest -n auto --dist loadfile tests" in found
     assert found in (ROOT / "README.md").read_text()
 
 

@@ -46,7 +46,7 @@ def _interpreters() -> list[str]:
         names = [shutil.which(f"python3.{minor}")]
         names += glob.glob(os.path.expanduser(f"~/.pyenv/versions/3.{minor}.*/bin/python3.{minor}"))
         found.update(n for n in names if n and "/shims/" not in n)  # pyenv shims may point nowhere
-    return sorted({os.path.realpath(n): n for n in found}.values())
+    return sorted({os.path.realpath(n): n for n in sorted(found, reverse=True)}.values())  # (stable ids for xdist)
 
 
 @pytest.mark.parametrize("python", _interpreters())

@@ -85,7 +85,7 @@ def test_python_number_for_non_scalar_binding():
     seed_error("binding_shape", "$.inputs.x", inputs, banks)
 
 
-@pytest.mark.parametrize("value", ["abc", None, object(), [[1.0]]], ids=repr)
+@pytest.mark.parametrize("value", ["abc", None, object(), [[1.0]]], ids=["str", "None", "object", "list"])
 def test_non_array_value(value):
     inputs, banks = seed_values(1, 2)
     inputs["x"] = value
