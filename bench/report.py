@@ -366,6 +366,10 @@ def render(merged: dict[str, Any], source: str = "(merged JSON)",
     if blocks:
         out += ["", "## General programs (median ms per call; bench/blocks.py)", ""]
         out += case_table(blocks, "case", lambda g: g.removeprefix("block-"))
+    overhead = medians(merged, "overhead")
+    if overhead:
+        out += ["", "## One run's own cost (median ms per call; bench/test_overhead.py)", ""]
+        out += case_table(overhead, "case", lambda g: g.removeprefix("overhead-"))
     if merged.get("peak_rss"):
         out += ["", "## Peak RSS on the block at (B, S) = (4, 512) (fresh process per contender)", ""]
         out += rss_table(merged["peak_rss"])

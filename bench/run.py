@@ -36,7 +36,8 @@ from bench import coldstart, envinfo  # noqa: E402
 from bench.contenders import CONTENDERS, RUNTIME_BACKENDS  # noqa: E402
 
 SUITES = {"seed": "bench/test_seed.py", "atoms": "bench/test_atoms.py", "blocks": "bench/test_blocks.py",
-          "grad": "bench/test_grad.py", "train": "bench/test_train.py", "remat": "bench/test_remat.py"}
+          "grad": "bench/test_grad.py", "train": "bench/test_train.py", "remat": "bench/test_remat.py",
+          "overhead": "bench/test_overhead.py"}
 DEFAULT_SUITES = ("seed", "atoms", "blocks")  # the gradient and training suites are named: --suites grad,train,remat
 SCHEMA = "formula-bench-merged/1"
 

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.toolkit import EMPTY_EPILOGUE, configure_numba_cache, keepdims_is_reshape, load_generated, value_is_finite
+from runtime.toolkit import (EMPTY_EPILOGUE, Twins, configure_numba_cache, keepdims_is_reshape, load_generated,
+                             value_is_finite)
 from runtime.plugins import kernel as calls
 from runtime.plugins.kernel import CompiledCall, Counts, Kernel, KernelRequest
 
@@ -61,7 +62,8 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
     configure_numba_cache()
     module = load_generated(cpu_source(label, dt, out_addr, extra_addr, epilogue, scanned, checked, values, forms,
                                        shared), "contract_cpu")
-    kernel = module.kernel
+    twins = Twins(module.kernel_serial, module.kernel)
+    kernel = twins.pick(parallel)  # (a serial plan pays no parallel region's cost)
     flatteners = [keepdims_flattener(t, out_type) for t in epilogue.extra_types]
     scan_right = 1 in scanned
     # OpenBLAS threads a call above 4*65536 multiply-adds (interface/gemm.c): keep it on ours
@@ -109,7 +111,7 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
     compiled = _compiled_call(kernel, guard, micro_guard, form, (lt, rt), (low.left_order, low.right_order),
                               ((nb, m, k), (nb, k, n)), dt, epilogue, out_type, scan_left, scan_right,
                               ints, tables, nwork, packs, no_pack)
-    return Kernel(run, Counts(inputs=scanned, extras=tuple(checked), outputs=values), compiled)
+    return Kernel(run, Counts(inputs=scanned, extras=tuple(checked), outputs=values), compiled, twins.warm)
 
 
 def _compiled_call(kernel, guard, micro_guard, form, types, orders, shapes, dt, epilogue, out_type, scan_left, scan_right,

@@ -216,30 +216,40 @@ def pack_source(dt: str, nr: int) -> Source:
             for kk in range(np.uint64(k)):
                 for j in range(pw):
                     bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk * pld + pu + j]"""
-    src = Source().add("@njit(cache=True, nogil=True, parallel=True, error_model='numpy')")
-    with src.block("def pack_right(bm, nb, k, n, sbb, ldb, tb, par):"):
-        # only the last panel of each batch has padding columns (np.zeros would be a parallel
-        # loop even when par is 0); unsigned indices (pld): the copies vectorise
-        src.add(f"""
-            nbb = nb if sbb != 0 else 1
-            npan = (n + {nr - 1}) // {nr}
-            bp = np.empty(nbb * k * npan * {nr}, np.{dt})
-            if n % {nr} != 0:
-                for q in range(nbb):
-                    for i in range((q * npan + npan - 1) * k * {nr}, (q + 1) * npan * k * {nr}):
-                        bp[i] = 0
-            pld = np.uint64(ldb)""")
-        with src.block("if par:"), src.block("for t in prange(nbb * npan):"):
-            src.add(task)
-        with src.block("else:"), src.block("for t in range(nbb * npan):"):
-            src.add(task)
-        src.add("return bp")
+    src = Source()
+    # twins: a parallel function costs about 2 µs a call even on its plain loop (see render)
+    for name, parallel in (("pack_right", True), ("pack_right_serial", False)):
+        src.add(f"@njit(cache=True, nogil=True, {'parallel=True, ' if parallel else ''}error_model='numpy')")
+        with src.block(f"def {name}(bm, nb, k, n, sbb, ldb, tb, par):"):
+            # only the last panel of each batch has padding columns (np.zeros would be a parallel
+            # loop even when par is 0); unsigned indices (pld): the copies vectorise
+            src.add(f"""
+                nbb = nb if sbb != 0 else 1
+                npan = (n + {nr - 1}) // {nr}
+                bp = np.empty(nbb * k * npan * {nr}, np.{dt})
+                if n % {nr} != 0:
+                    for q in range(nbb):
+                        for i in range((q * npan + npan - 1) * k * {nr}, (q + 1) * npan * k * {nr}):
+                            bp[i] = 0
+                pld = np.uint64(ldb)""")
+            if parallel:
+                with src.block("if par:"), src.block("for t in prange(nbb * npan):"):
+                    src.add(task)
+                with src.block("else:"), src.block("for t in range(nbb * npan):"):
+                    src.add(task)
+            else:
+                with src.block("for t in range(nbb * npan):"):
+                    src.add(task)
+            src.add("return bp")
+        src.add("", "")
     return src
 
 
 def pack_function(dt: str, import_as: str = "pack_right", form: str = "bcast") -> str:
-    """The import line of the shared ``pack_right`` of ``dt`` for ``form`` (:func:`pack_source`)."""
-    return f"from {pack_module(dt, form).__name__} import pack_right as {import_as}"
+    """The import line of the shared ``pack_right`` of ``dt`` for ``form`` (:func:`pack_source`),
+    and of its serial twin as ``<import_as>_serial``."""
+    return f"from {pack_module(dt, form).__name__} import pack_right as {import_as}, " \
+           f"pack_right_serial as {import_as}_serial"
 
 
 def pack_module(dt: str, form: str = "bcast"):

@@ -223,31 +223,32 @@ def render_cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Seq
         src.add("return nf" if counting else "return 0")
     # (a prange index is unsigned: as int64 in both loops, work is compiled once, not twice)
     wargs = "np.int64(w)" + wparams.replace("m_bp", "bp")[1:]
-    # parallel=True compiles prange into a parallel region; the plain loop stays serial
-    src.add("", "", "@njit(cache=True, parallel=True, nogil=True, error_model='numpy')")
-    with src.block(f"def kernel({params}):"):
-        src.add(f"nb = ints[{I_NB}]", f"n = ints[{I_N}]", f"k = ints[{I_K}]", f"form = ints[{I_FORM}]", "nfb = 0")
-        if scan_right:  # the right operand (a bank, typically small) flat, once, before the tiles
-            with src.block("if scan_b:"):
-                src.add("nfb = _nonfinite(b, 0, b.size)")
-        src.add("bp = bpk")
-        if packing:  # bcast: the right operand packed in panels first
-            with src.block("if micro == 1 and (form == 2 or form == 3):"):
-                src.add(f"bp = _pack_right(b, nb, k, n, sbb, ldb, tb, ints[{I_PAR}])")
-        if wide:  # blocked: in its own panels
-            with src.block("if micro == 1 and form == 4:"):
-                src.add(f"bp = _pack_wide(b, nb, k, n, sbb, ldb, tb, ints[{I_PAR}])")
-        # the ticket: the next tile (workers take tiles dynamically)
-        src.add("counts = np.empty(nwork, np.int64)", "ticket = np.zeros(1, np.int64)")
-        with src.block(f"if ints[{I_PAR}]:"), src.block("for w in prange(nwork):"):
-            src.add(f"counts[w] = work({wargs})")
-        with src.block("else:"), src.block("for w in range(nwork):"):
-            src.add(f"counts[w] = work({wargs})")
-        if counting:
-            src.add("total = nfb")
-            with src.block("for w in range(nwork):"):
-                src.add("total += counts[w]")
-            src.add("return total")
+    # two entry points, chosen per plan (ints[I_PAR]): parallel=True compiles prange into a
+    # parallel region, and a parallel function costs about 2 µs a call even on a plain loop
+    # (measured on the seed at T=1), which the small products a serial plan runs must not pay
+    for name, parallel in (("kernel", True), ("kernel_serial", False)):
+        src.add("", "", f"@njit(cache=True, {'parallel=True, ' if parallel else ''}nogil=True, error_model='numpy')")
+        with src.block(f"def {name}({params}):"):
+            src.add(f"nb = ints[{I_NB}]", f"n = ints[{I_N}]", f"k = ints[{I_K}]", f"form = ints[{I_FORM}]", "nfb = 0")
+            if scan_right:  # the right operand (a bank, typically small) flat, once, before the tiles
+                with src.block("if scan_b:"):
+                    src.add("nfb = _nonfinite(b, 0, b.size)")
+            src.add("bp = bpk")
+            if packing:  # bcast: the right operand packed in panels first
+                with src.block("if micro == 1 and (form == 2 or form == 3):"):
+                    src.add(f"bp = _pack_right{'' if parallel else '_serial'}(b, nb, k, n, sbb, ldb, tb, ints[{I_PAR}])")
+            if wide:  # blocked: in its own panels
+                with src.block("if micro == 1 and form == 4:"):
+                    src.add(f"bp = _pack_wide{'' if parallel else '_serial'}(b, nb, k, n, sbb, ldb, tb, ints[{I_PAR}])")
+            # the ticket: the next tile (workers take tiles dynamically)
+            src.add("counts = np.empty(nwork, np.int64)", "ticket = np.zeros(1, np.int64)")
+            with src.block(f"for w in {'prange' if parallel else 'range'}(nwork):"):
+                src.add(f"counts[w] = work({wargs})")
+            if counting:
+                src.add("total = nfb")
+                with src.block("for w in range(nwork):"):
+                    src.add("total += counts[w]")
+                src.add("return total")
     return "\n".join(vmath.with_imports(src.module_lines())) + "\n"
 
 

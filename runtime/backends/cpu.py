@@ -8,10 +8,15 @@ class CpuBackend(HostBackend):
     name = "cpu"
     fuses = True
 
-    def entering_run(self) -> None:
-        from runtime.kernels import threads  # (imports numba: not at import time)
+    _on_run = None
 
-        threads.on_run()  # pins Numba's worker threads after a few runs, if asked to
+    def entering_run(self) -> None:
+        on_run = CpuBackend._on_run
+        if on_run is None:
+            from runtime.kernels import threads  # (imports numba: not at import time)
+
+            on_run = CpuBackend._on_run = threads.on_run
+        on_run()  # pins Numba's worker threads after a few runs, if asked to
 
     def elementwise_kernel(self, request):
         from runtime.backends.cpu_codegen import elementwise_kernel

@@ -213,7 +213,7 @@ class Executable:
                     return self._tiers.fallback_run(inputs, banks, trace, out)
             if bound.structure is not None:
                 self._last_structure = (bound.structure, compiled)  # one tuple: replaced atomically
-        given = self._given(out, compiled, bound)
+        given = self._given(out, compiled, bound) if out is not None else {}
         if given and bound.unchecked:  # the caller's out arrays are never written on bad input
             self._binder.check_finite(bound, bound.unchecked, inputs, banks)
         for node, positions in compiled.upfront_checks:

@@ -12,22 +12,25 @@ _CHUNKS = 64
 _kernels = {}
 
 
-def _kernel():
-    """One entry for every size and layout: serial below ``PARALLEL_MIN`` (``chunks`` 1), in
-    ``_CHUNKS`` parallel chunks above, on the exponent bits of the flat array, so that a new
-    extent never compiles a new variant (only the bits' dtype does)."""
-    kernel = _kernels.get("count")
+def _kernel(parallel: bool):
+    """The scan of the flat exponent bits, for every size and layout (so that a new extent
+    never compiles a new variant, only the bits' dtype does): serial below ``PARALLEL_MIN``,
+    in ``chunks`` parallel chunks above. Two functions: a parallel one costs about 2 µs a
+    call even on a plain loop, which the checks of small values must not pay."""
+    kernel = _kernels.get(parallel)
     if kernel is None:
         from numba import njit, prange
+
+        @njit(cache=True, nogil=True)
+        def count_nonfinite_serial(bits, mask, chunks):
+            acc = np.uint64(0)
+            for i in range(np.uint64(bits.size)):  # unsigned: vectorises
+                acc += np.uint64((bits[i] & mask) == mask)
+            return acc
 
         @njit(parallel=True, cache=True, nogil=True)
         def count_nonfinite(bits, mask, chunks):
             n = bits.size
-            if chunks <= 1:  # (no parallel region: below PARALLEL_MIN waking threads costs more)
-                acc = np.uint64(0)
-                for i in range(np.uint64(n)):  # unsigned: vectorises
-                    acc += np.uint64((bits[i] & mask) == mask)
-                return acc
             counts = np.empty(chunks, np.uint64)  # (np.zeros would be a parallel loop of its own)
             for c in prange(chunks):
                 lo = np.uint64(c * n // chunks)
@@ -41,7 +44,8 @@ def _kernel():
                 total += counts[c]
             return total
 
-        kernel = _kernels["count"] = count_nonfinite
+        _kernels[False], _kernels[True] = count_nonfinite_serial, count_nonfinite
+        kernel = _kernels[parallel]
     return kernel
 
 
@@ -53,7 +57,8 @@ def prepare(float_dtypes) -> None:
     """Build (compile, or load from the disk cache) the scan of each of these dtypes."""
     for name in sorted(set(float_dtypes) & set(_BITS) - _ready):
         bits = _BITS[name]
-        _kernel()(np.zeros(SMALL, bits), bits(0), 1)
+        for parallel in (False, True):
+            _kernel(parallel)(np.zeros(SMALL, bits), bits(0), 2 if parallel else 1)
         _ready.add(name)
 
 
@@ -69,7 +74,9 @@ def all_finite(a: np.ndarray) -> bool | None:
         bits, mask = flat.view(np.uint32), np.uint32(0x7F800000)
     else:
         bits, mask = flat.view(np.uint64), np.uint64(0x7FF0000000000000)
-    return _kernel()(bits, mask, 1 if a.size < PARALLEL_MIN else _CHUNKS) == 0
+    if a.size < PARALLEL_MIN:
+        return _kernel(False)(bits, mask, 1) == 0
+    return _kernel(True)(bits, mask, _CHUNKS) == 0
 
 
 def device_all_finite(a) -> bool:

@@ -61,10 +61,11 @@ def setting() -> str:
 
 def on_run() -> None:
     """Count a run on this thread; its PIN_AFTER_RUNS-th pins the thread's team."""
-    runs = getattr(_done, "runs", 0) + 1
-    _done.runs = runs
-    if runs == PIN_AFTER_RUNS:
-        pin_workers()
+    runs = getattr(_done, "runs", 0)
+    if runs < PIN_AFTER_RUNS:  # (then nothing more to count)
+        _done.runs = runs + 1
+        if runs + 1 == PIN_AFTER_RUNS:
+            pin_workers()
 
 
 def pin_workers() -> bool:

@@ -528,3 +528,37 @@ def test_cpu_wide_contraction_with_gelu_epilogue_uses_large_tiles_and_matches_re
 
     v = reference(node, a, b).astype(np.float64)
     close(got, 0.5 * v * (1 + erf(v / np.sqrt(2))), k)
+
+
+@pytest.mark.parametrize("left, right, out, parallel", [
+    (T("ik", (1, 1024)), T("jk", (32, 1024)), "ij", False),  # the seed at T=1
+    (T("ik", (12, 64)), T("kj", (64, 40)), "ij", False),  # micro-kernel tiles packing B in the call
+    (T(("B", "S", "D"), (2, 256, 64)), T("RD", (96, 64)), "BSR", True)])
+def test_serial_plans_call_the_serial_entry_point_and_warm_builds_both(left, right, out, parallel):
+    """A call too small for threads runs the kernel's serial twin: a parallel=True function
+    costs about 2 µs a call even on its plain loop, a third of the seed's run at T=1.
+    ``warm`` then builds the other twin, so an extent that crosses over compiles nothing."""
+    pairs = [("D", "D")] if "D" in left.axes else [("k", "k")]
+    node = bind(pairs, out, left, right)
+    run = CONTRACT.kernels["cpu"](request_for(node))
+    dispatcher = run.compiled.dispatcher()
+    assert bool(dispatcher.targetoptions.get("parallel")) == parallel
+    rng = np.random.default_rng(5)
+    a, b = random_array(rng, left), random_array(rng, right)
+    got = np.empty(node.output_type.shape, np.float32)
+    run([a, b], [], got)
+    close(got, reference(node, a, b), left.shape[-1])
+    run.warm()
+    module = __import__(dispatcher.py_func.__module__)
+    assert module.kernel.signatures and module.kernel_serial.signatures == module.kernel.signatures
+
+
+def test_the_finiteness_scan_of_a_small_value_is_serial():
+    from runtime.kernels import finite
+
+    finite.prepare(["float32", "float64"])
+    assert finite.all_finite(np.ones(100, np.float32)) == True  # noqa: E712 (not None: the scan ran)
+    assert finite.all_finite(np.array([1.0, np.nan] * 50)) == False  # noqa: E712
+    assert finite.all_finite(np.ones(finite.PARALLEL_MIN, np.float32)) == True  # noqa: E712
+    assert not finite._kernel(False).targetoptions.get("parallel")
+    assert finite._kernel(True).targetoptions.get("parallel")
