@@ -145,7 +145,9 @@ def infer_lookup(ctx: InferContext) -> TensorType:
 def check_range(node: Node, indices: np.ndarray, k: int, extent: int, axis: str) -> None:
     """index_range unless every index lies in [0, extent); names the first offender."""
     idx = np.asarray(indices)
-    if idx.size == 0 or (idx.min() >= 0 and idx.max() < extent):
+    # one reduction, not two: seen unsigned, a negative index is larger than any extent
+    unsigned = idx.view(f"u{idx.dtype.itemsize}") if idx.dtype.kind == "i" and idx.ndim else idx
+    if idx.size == 0 or (unsigned.max() < extent and (unsigned is not idx or idx.min() >= 0)):
         return
     bad = (idx < 0) | (idx >= extent)
     where = np.unravel_index(int(np.argmax(bad)), idx.shape)

@@ -74,7 +74,11 @@ def choose_form(nb: int, m: int, n: int, k: int, dt: str = "float32") -> str | N
         whole_panels = n % (BCAST_NV * simd.lanes(dt)) == 0
         return "bcast" if whole_panels and nb * m >= BCAST_WIDE_MIN_ROWS else "dot"
     if k <= BCAST_MAX_K and n >= BCAST_MIN_N and nb * m >= BCAST_MIN_ROWS:
-        return "bcast"
+        # with AVX-512's 32 registers of 64 bytes the blocked tile (4 x 4) ran 1.1-1.9x bcast's
+        # speed over every such shape (K 32, 64; N 256-4096; M 8-2048; float32 and float64, the
+        # operand resident or packed per call); on AVX2 they are within 0.87-1.14x and bcast
+        # stays (bench/lab/skinny_forms.py). Both give the same bits.
+        return "blocked" if simd.WIDE_BYTES == 64 else "bcast"
     if nb * m >= BLOCKED_MIN_ROWS and n >= max(BLOCKED_MIN_N, blocked_nr(dt)) and k >= BLOCKED_MIN_K:
         return "blocked"
     return None

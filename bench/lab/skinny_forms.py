@@ -1,0 +1,75 @@
+"""The contraction's ``bcast`` and ``blocked`` tiles side by side on short-K products (K 32
+and 64: a LoRA up-projection, N 256-4096, M 8-2048), the right operand ``[N, K]`` as a
+weight is stored; both forced through ``choose_form``, alternating in one process.
+
+    python bench/lab/skinny_forms.py [--threads 2] [--dtype float32] [--per-call-pack]
+
+Prints each shape's medians, bcast / blocked, and whether the two give the same bits (the
+form of a shape decides every slice's result: chunks and dask blocks rely on it). For an
+AVX2 target on an AVX-512 host, run it under tests/test_chunked.py's ``avx2_features()``
+(``NUMBA_CPU_NAME=znver3 NUMBA_CPU_FEATURES=...``) with empty cache directories.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def kernel(m: int, k: int, n: int, dt: str, form: str, resident: bool):
+    from atoms.contract import SPECS, micro
+    from runtime.core.types import TensorType
+    from runtime.plugins.atomspec import bind_node
+    from runtime.plugins.kernel import request_for
+
+    spec = next(s for s in SPECS if s.name == "contract")
+    lt, rt = TensorType(("i", "k"), (m, k), dt, "d"), TensorType(("j", "k"), (n, k), dt, "d")
+    node = bind_node(spec, {"reduce_axes": [["k", "k"]], "output_axes": ["i", "j"],
+                            "accumulation_dtype": "float32"}, [lt, rt])
+    chosen = micro.choose_form
+    micro.choose_form = lambda *dims: form
+    try:
+        return spec.kernels["cpu"](request_for(node, resident=frozenset({1}) if resident else frozenset()))
+    finally:
+        micro.choose_form = chosen
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    p.add_argument("--per-call-pack", action="store_true", help="the right operand passed per run (packed per call)")
+    args = p.parse_args()
+    import numba
+
+    numba.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    for k in (32, 64):
+        for n in (256, 1024, 4096):
+            for m in (8, 32, 128, 512, 2048):
+                a = rng.standard_normal((m, k)).astype(args.dtype)
+                b = rng.standard_normal((n, k)).astype(args.dtype)
+                runs = {f: kernel(m, k, n, args.dtype, f, not args.per_call_pack) for f in ("bcast", "blocked")}
+                out = {f: np.empty((m, n), args.dtype) for f in runs}
+                for f, run in runs.items():
+                    run([a, b], (), out[f])
+                times: dict[str, list[float]] = {f: [] for f in runs}
+                for _ in range(max(5, min(200, int(3e8 / (2 * m * n * k))))):
+                    for f, run in runs.items():
+                        t = time.perf_counter()
+                        run([a, b], (), out[f])
+                        times[f].append(time.perf_counter() - t)
+                med = {f: statistics.median(v) for f, v in times.items()}
+                print(f"K={k} N={n} M={m}: bcast {med['bcast'] * 1e6:.1f} µs, blocked {med['blocked'] * 1e6:.1f} µs, "
+                      f"{med['bcast'] / med['blocked']:.2f}x, same bits: {np.array_equal(out['bcast'], out['blocked'])}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
