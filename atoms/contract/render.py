@@ -129,7 +129,7 @@ def render_cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Seq
         src.imports(micro.pack_function(dt, import_as="_pack_wide", form="blocked"))
     if scan_left or scan_right:
         src.imports(simd.scan_import(dt))
-    npad = micro.BCAST_NV * simd.lanes(dt)
+    npad = micro.panel_columns("bcast", dt)
     nrw = micro.blocked_nr(dt)
     src.add("", "", "@njit(cache=True, nogil=True, error_model='numpy')")
     with src.block(f"def work({wparams}):"):

@@ -475,11 +475,15 @@ def test_micro_forms_chosen_for_the_seed_shapes():
     from atoms.contract import micro
     from runtime.kernels import simd
 
-    assert micro.choose_form(1, 128, 32, 1024) == "dot"  # x · Aᵀ: packing A costs more than it saves
-    assert micro.choose_form(1, 8192, 32, 1024) == "bcast"  # unless the rows are many
-    assert micro.choose_form(1, 8192, 24, 1024) == "dot"  # no whole panels of 16
-    assert micro.choose_form(1, 8192, 24, 1024, "float64") == "bcast"  # (of 8 in float64)
-    short_k = "blocked" if simd.WIDE_BYTES == 64 else "bcast"  # (AVX-512's 4 x 4 tile is faster)
+    wide = simd.WIDE_BYTES == 64  # AVX-512: bcast in 64-byte vectors, from 5 rows on in x · Aᵀ
+    # x · Aᵀ: on AVX2, packing A costs more than it saves unless the rows are many
+    assert micro.choose_form(1, 128, 32, 1024) == ("bcast" if wide else "dot")
+    assert micro.choose_form(1, 5, 32, 1024) == ("bcast" if wide else "dot")
+    assert micro.choose_form(1, 8192, 32, 1024) == "bcast"
+    assert micro.choose_form(1, 8192, 24, 1024) == "dot"  # no whole panels (of 16 or 32)
+    assert micro.choose_form(1, 8192, 16, 1024, "float64") == "bcast"  # (panels of 8 or 16 in float64)
+    assert micro.choose_form(1, 8192, 24, 1024, "float64") == ("dot" if wide else "bcast")
+    short_k = "blocked" if wide else "bcast"  # (AVX-512's 4 x 4 tile is faster)
     assert micro.choose_form(1, 8192, 1024, 32) == short_k  # h · Bᵀ
     assert micro.choose_form(1, 256, 1024, 32) == short_k
     # from 5 rows on, whatever the rows (a chunked run's slices compute as the whole run)
