@@ -42,8 +42,13 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
     out_addr = out_addressing(out_type, low)
     extra_addr = [keepdims_addressing(t, out_type, low) for t in epilogue.extra_types]
     scan_left = 0 in scanned
-    tiles = plan_tiles(low.dims, dt, scan_left, whole)
-    forms = kernel_forms(*fixed_nk(node, low), dt)
+    left_view, right_view = batched_view(low.left_order, (nb, m, k)), batched_view(low.right_order, (nb, k, n))
+    # the dot tile reads [M, K] · [N, K] only; operands in another layout (or copied) take bcast
+    static = [c_contiguous_layout(t.shape, batched_view(order, shape3, copy=False), dt)
+              for t, order, shape3 in ((lt, low.left_order, (nb, m, k)), (rt, low.right_order, (nb, k, n)))]
+    dot_ok = None not in static and micro.usable("dot", static[0][0][0], static[1][0][0])
+    tiles = plan_tiles(low.dims, dt, scan_left, whole, dot_ok=dot_ok)
+    forms = kernel_forms(*fixed_nk(node, low), dt, dot_ok)
     if tiles.form_id not in forms:  # (cannot happen for a declared N and K; stay correct if it does)
         forms = ALL_FORMS
     tm, form, parallel, nwork = tiles.tm, tiles.form, tiles.parallel, tiles.nwork
@@ -70,7 +75,6 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
     guard = single_threaded_blas() if (parallel or tm * n * k > 4 * 65536) else None
     # a micro-kernel call makes no BLAS call at all when no tile is a gemv one: then no guard
     micro_guard = guard if min(tm, m - (-(-m // tm) - 1) * tm) <= GEMV_ROWS else None
-    left_view, right_view = batched_view(low.left_order, (nb, m, k)), batched_view(low.right_order, (nb, k, n))
     packs = None
     if form in ("bcast", "blocked") and 1 in request.resident:  # resident: pack once per value
         got = c_contiguous_layout(rt.shape, batched_view(low.right_order, (nb, k, n), copy=False), dt)

@@ -149,3 +149,18 @@ def _declared_by_symbol(node, axis: str):
     return attrs.evolve(node, declared_inputs=tuple(
         t.evolve(sizes=tuple(axis if a == axis else s for a, s in zip(t.axes, t.sizes)))
         for t in node.declared_inputs))
+
+
+def test_a_layout_the_dot_tile_cannot_read_takes_bcast_not_blas():
+    """x·W with W stored [K, N] (the seed's g·B in its gradient) in the x·Aᵀ region: the dot
+    tile reads [N, K] only, and BLAS in its place computed an element in an order that
+    depended on the call's rows (OpenBLAS's Zen gemm): a chunked run's slices differed from
+    the whole run on AVX2. bcast reads either layout, so every row is computed alike."""
+    dims = (1, 111, 32, 1024)
+    assert tiles.plan_tiles(dims, "float32", dot_ok=False).form == "bcast"
+    sliced = tiles.plan_tiles((1, 37, 32, 1024), "float32", whole=dims, dot_ok=False)
+    assert sliced.form == "bcast"
+    assert tiles.FORM_IDS["bcast"] in tiles.kernel_forms(32, 1024, "float32", dot_ok=False)
+    assert tiles.FORM_IDS["dot"] not in tiles.kernel_forms(32, 1024, "float32", dot_ok=False)
+    if tiles.plan_tiles((1, 100, 32, 1024), "float32").form == "dot":  # (AVX2: dot below 256 rows)
+        assert tiles.FORM_IDS["dot"] in tiles.kernel_forms(32, 1024, "float32")
