@@ -47,8 +47,9 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
     static = [c_contiguous_layout(t.shape, batched_view(order, shape3, copy=False), dt)
               for t, order, shape3 in ((lt, low.left_order, (nb, m, k)), (rt, low.right_order, (nb, k, n)))]
     dot_ok = None not in static and micro.usable("dot", static[0][0][0], static[1][0][0])
-    tiles = plan_tiles(low.dims, dt, scan_left, whole, dot_ok=dot_ok)
-    forms = kernel_forms(*fixed_nk(node, low), dt, dot_ok)
+    left_k_leading = static[0] is not None and static[0][0][0] == 1
+    tiles = plan_tiles(low.dims, dt, scan_left, whole, dot_ok=dot_ok, left_k_leading=left_k_leading)
+    forms = kernel_forms(*fixed_nk(node, low), dt, dot_ok, left_k_leading)
     if tiles.form_id not in forms:  # (cannot happen for a declared N and K; stay correct if it does)
         forms = ALL_FORMS
     tm, form, parallel, nwork = tiles.tm, tiles.form, tiles.parallel, tiles.nwork

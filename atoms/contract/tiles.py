@@ -43,22 +43,35 @@ FORM_IDS = {None: 0, "dot": 1, "bcast": 2, "bcast packed left": 3, "blocked": 4}
 ALL_FORMS = frozenset(FORM_IDS.values())
 
 
-def form_for(nb: int, m: int, n: int, k: int, dt: str, dot_ok: bool = True) -> str | None:
+# a weight gradient (K-leading left operand) of at most this many rows, over a right operand
+# of at least this many elements, takes BLAS: the blocked tiles packed the whole right operand
+# per call and streamed it from memory once per row tile (the seed's dA at T=8192, 32 x 1024 x
+# 8192: 11.1-12.3 ms against OpenBLAS's 4.9-5.9 ms; 32 x 4096 x 4096: 22.5-24.5 against
+# 14.1-15.4 ms; at 16 rows, or 1024 x 32 x 8192, the tiles were faster)
+WGRAD_BLAS_ROWS, WGRAD_BLAS_RIGHT = 32, 8 << 20
+
+
+def form_for(nb: int, m: int, n: int, k: int, dt: str, dot_ok: bool = True, left_k_leading: bool = False) -> str | None:
     """``micro.choose_form``, with ``bcast`` (which reads either layout) where ``dot`` cannot
     read the operands' layout (``dot_ok`` False): BLAS in its place computes an element in an
     order that depends on the call's rows on some CPUs (OpenBLAS's Haswell and Zen gemm), so
-    a chunked run's slices differed from its whole run (x's gradient of the seed, on AVX2)."""
+    a chunked run's slices differed from its whole run (x's gradient of the seed, on AVX2).
+    ``left_k_leading``: the left operand is [K, M] (a weight gradient gᵀ·x, whose rows are
+    weight axes that no chunked run slices), see ``WGRAD_BLAS_ROWS``."""
     form = micro.choose_form(nb, m, n, k, dt)
+    if form == "blocked" and left_k_leading and nb * m <= WGRAD_BLAS_ROWS and k * n >= WGRAD_BLAS_RIGHT:
+        return None
     return "bcast" if form == "dot" and not dot_ok else form
 
 
-def kernel_forms(n: int | None, k: int | None, dt: str, dot_ok: bool = True) -> frozenset[int]:
+def kernel_forms(n: int | None, k: int | None, dt: str, dot_ok: bool = True,
+                 left_k_leading: bool = False) -> frozenset[int]:
     """The ``FORM_IDS`` that plans with N = ``n`` and K = ``k`` can ask for, whatever their M
     and batch (None: that extent varies between runs, so every form). A kernel links only
     these tiles: each one it links adds seconds to its compilation."""
     if n is None or k is None:
         return ALL_FORMS
-    forms = {form_for(1, rows, n, k, dt, dot_ok) for rows in micro.FORM_ROW_STEPS}
+    forms = {form_for(1, rows, n, k, dt, dot_ok, left_k_leading) for rows in micro.FORM_ROW_STEPS}
     return frozenset(FORM_IDS["bcast packed left" if micro.packs_left(f, n, dt) else f] for f in forms | {None})
 
 
@@ -98,13 +111,14 @@ class TilePlan:
 
 def plan_tiles(dims: tuple[int, int, int, int], dt: str, scan_left: bool = False,
                whole: tuple[int, int, int, int] | None = None, threads: int | None = None,
-               dot_ok: bool = True) -> TilePlan:
+               dot_ok: bool = True, left_k_leading: bool = False) -> TilePlan:
     """The tile plan of a contraction of ``dims`` = (nb, m, n, k) in ``dt``: row tiles whose
     result stays in cache (shorter when the left tile is scanned first, longer over a right
     operand too big to re-pack often), the micro-kernel form chosen for ``whole`` (the whole
     run's dims when this call computes a slice of it, so each element is computed the same
     way), a parallel split above PARALLEL_MIN_MACS over ``threads`` (Numba's count); ``dot_ok``:
-    whether the operands' layout is one the ``dot`` tile reads (``form_for``)."""
+    whether the operands' layout is one the ``dot`` tile reads; ``left_k_leading``: the left
+    operand is [K, M] (``form_for``)."""
     nb, m, n, k = dims
     item = np.dtype(dt).itemsize
     tm = max(8, min(m, SCRATCH_BYTES // max(1, n * item)))
@@ -112,7 +126,7 @@ def plan_tiles(dims: tuple[int, int, int, int], dt: str, scan_left: bool = False
         tm = max(8, min(tm, SCAN_TILE_BYTES // max(1, k * item)))
     # (tiles of at most GEMV_ROWS rows always call gemv: no micro-kernel when all are)
     fnb, fm, fn, fk = whole or dims
-    form = form_for(fnb, fm, fn, fk, dt, dot_ok) if fm > GEMV_ROWS else None
+    form = form_for(fnb, fm, fn, fk, dt, dot_ok, left_k_leading) if fm > GEMV_ROWS else None
     if form == "blocked":  # the right operand is packed once, not per tile: tiles for reuse
         tm = max(tm, min(m, micro.BLOCKED_MIN_TM))
     else:

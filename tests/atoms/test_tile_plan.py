@@ -164,3 +164,17 @@ def test_a_layout_the_dot_tile_cannot_read_takes_bcast_not_blas():
     assert tiles.FORM_IDS["dot"] not in tiles.kernel_forms(32, 1024, "float32", dot_ok=False)
     if tiles.plan_tiles((1, 100, 32, 1024), "float32").form == "dot":  # (AVX2: dot below 256 rows)
         assert tiles.FORM_IDS["dot"] in tiles.kernel_forms(32, 1024, "float32")
+
+
+def test_a_short_weight_gradient_over_a_large_right_operand_takes_blas():
+    """gᵀ·x of the seed at T=8192 (32 x 1024, K = 8192, the left operand K-leading): BLAS, not
+    blocked tiles that re-stream the packed right operand per row tile; a forward of the same
+    shape (the left operand M-leading, whose rows a chunked run may slice) keeps the tiles."""
+    dims = (1, 32, 1024, 8192)
+    assert tiles.plan_tiles(dims, "float32", left_k_leading=True).form is None
+    assert tiles.plan_tiles(dims, "float32").form == "blocked"
+    assert tiles.plan_tiles((1, 64, 1024, 8192), "float32", left_k_leading=True).form == "blocked"
+    assert tiles.plan_tiles((1, 32, 1024, 1024), "float32", left_k_leading=True).form == "blocked"
+    # a kernel of that N and K links both: which one a call takes depends on its rows
+    assert {tiles.FORM_IDS[None], tiles.FORM_IDS["blocked"]} <= tiles.kernel_forms(1024, 8192, "float32",
+                                                                                  left_k_leading=True)
