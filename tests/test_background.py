@@ -34,3 +34,34 @@ def test_a_background_thread_runs_below_its_caller(monkeypatch, setting, steps):
     caller = _nice()
     assert _nice_in_a_background_thread() == min(19, caller + steps)
     assert _nice() == caller  # (the caller keeps its priority)
+
+
+def test_the_switch_interval_is_short_while_a_background_thread_lives():
+    """A compile holds the GIL through most of Numba's work: while one runs the interpreter
+    hands the GIL over every SWITCH_INTERVAL at most (a run's NumPy steps beside it waited up
+    to 5 ms each), and the caller's interval comes back once none is left; an interval the
+    caller set meanwhile is kept."""
+    before = sys.getswitchinterval()
+    assert before > background.SWITCH_INTERVAL  # (CPython's default, 5 ms)
+    go, seen = threading.Event(), []
+    first = background.Thread(lambda: go.wait(10), "formula-test-a")
+    second = background.Thread(lambda: seen.append(sys.getswitchinterval()), "formula-test-b")
+    assert first.start()
+    assert sys.getswitchinterval() <= background.SWITCH_INTERVAL
+    assert second.start()
+    second.join()
+    assert seen[0] <= background.SWITCH_INTERVAL
+    assert sys.getswitchinterval() <= background.SWITCH_INTERVAL  # (the first still runs)
+    go.set()
+    first.join()
+    assert sys.getswitchinterval() == before
+    try:  # a caller's own change while a thread runs stays
+        go.clear()
+        third = background.Thread(lambda: go.wait(10), "formula-test-c")
+        assert third.start()
+        sys.setswitchinterval(0.002)
+        go.set()
+        third.join()
+        assert sys.getswitchinterval() == 0.002
+    finally:
+        sys.setswitchinterval(before)

@@ -18,7 +18,9 @@ They also run at a lower priority than the runs they serve (Linux: the thread's 
 value, ``FORMULA_COMPILE_NICE`` steps above the caller's, 10 by default, 0 to leave it): on a
 machine whose cores the runs fill, a compile then takes the time they leave instead of a core
 of theirs. Numba's worker threads are started by the caller first, so that no pool is
-created, with the lower priority, by a background thread and shared with the runs.
+created, with the lower priority, by a background thread and shared with the runs. And while
+they run the interpreter switches threads every SWITCH_INTERVAL at most, so that a run's
+Python steps do not wait 5 ms each for the GIL a compile holds.
 """
 from __future__ import annotations
 
@@ -33,6 +35,11 @@ from runtime.core import settings
 
 _lock = threading.Lock()
 _live: set[Thread] = set()  # started and not yet finished
+# While any of them runs, the interpreter's switch interval is at most this (seconds): a
+# compile holds the GIL through most of Numba's typing and lowering, and at the default 5 ms
+# each NumPy call of a run beside it (the first tier's) waited up to that for the GIL
+SWITCH_INTERVAL = 0.0005
+_saved_interval: list[float] = []  # the caller's interval while it is lowered (and what it was set to)
 _exiting = threading.Event()
 _installed = False
 
@@ -63,10 +70,12 @@ class Thread(threading.Thread):
 
                 numba.get_num_threads()  # (starts Numba's worker threads here, if not yet: see the module)
             _live.add(self)
+            _shorter_switches()
             try:
                 super().start()
             except BaseException:
                 _live.discard(self)
+                _restore_switches()
                 raise
         return True
 
@@ -77,6 +86,7 @@ class Thread(threading.Thread):
         finally:
             with _lock:
                 _live.discard(self)
+                _restore_switches()
 
     def join(self, timeout: float | None = None) -> None:
         if self.ident is None:  # (never started: refused at exit, nothing to wait for)
@@ -91,6 +101,25 @@ def compile_nice() -> int:
     if not sys.platform.startswith("linux"):
         return 0
     return max(0, min(19, settings.COMPILE_NICE.read()))
+
+
+def _shorter_switches() -> None:
+    """The switch interval at most SWITCH_INTERVAL while background threads live (under ``_lock``)."""
+    if not _saved_interval:
+        current = sys.getswitchinterval()
+        if current > SWITCH_INTERVAL:
+            sys.setswitchinterval(SWITCH_INTERVAL)
+            _saved_interval.extend((current, sys.getswitchinterval()))
+
+
+def _restore_switches() -> None:
+    """The caller's interval back once no background thread lives (under ``_lock``), unless
+    someone changed it meanwhile."""
+    if _saved_interval and not _live:
+        saved, ours = _saved_interval
+        _saved_interval.clear()
+        if sys.getswitchinterval() == ours:
+            sys.setswitchinterval(saved)
 
 
 def _lower_priority(steps: int) -> None:
