@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from bench import programs
-from bench.contenders import (CONTENDERS, RUNTIME_BACKENDS, Unavailable, peer_unavailable, prepare_runtime,
-                              prepare_seed)
+from bench.contenders import (CONTENDERS, RUNTIME_BACKENDS, Unavailable, ort_bound_run, peer_unavailable,
+                              prepare_runtime, prepare_seed)
 
 CASES = ("view", "relu-1", "seed-T1")
 PEERS = ("numpy", "onnxruntime", "torch")
@@ -83,17 +83,7 @@ def prepare_small(contender: str, case: str, x: np.ndarray) -> Callable[[], Any]
                 return (t.reshape(1, 1) if case == "view" else torch.relu(t)).numpy()
 
         return run
-    session = _onnx_session(case)
-    binding = session.io_binding()
-    binding.bind_cpu_input("x", x)
-    binding.bind_output("y", "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
-
-    def run_ort():
-        session.run_with_iobinding(binding)
-        return out
-
-    run_ort.keep_alive = (x, out, session, binding)  # type: ignore[attr-defined]
-    return run_ort
+    return ort_bound_run(_onnx_session(case), {"x": x}, "y", out)
 
 
 _CONTENDERS = [c for c in CONTENDERS if c in RUNTIME_BACKENDS + PEERS]
