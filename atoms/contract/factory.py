@@ -78,7 +78,7 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
     micro_guard = guard if min(tm, m - (-(-m // tm) - 1) * tm) <= GEMV_ROWS else None
     packs = None
     if form in ("bcast", "blocked") and 1 in request.resident:  # resident: pack once per value
-        got = c_contiguous_layout(rt.shape, batched_view(low.right_order, (nb, k, n), copy=False), dt)
+        got = static[1]
         if got is not None and got[2]:
             packs = micro.ResidentPacks(micro.pack_module(dt, form).pack_right, nb, k, n, got[0], int(parallel))
     no_pack = np.empty(0, dt)
