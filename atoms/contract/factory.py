@@ -80,7 +80,9 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
     if form in ("bcast", "blocked") and 1 in request.resident:  # resident: pack once per value
         got = static[1]
         if got is not None and got[2]:
-            packs = micro.ResidentPacks(micro.pack_module(dt, form).pack_right, nb, k, n, got[0], int(parallel))
+            module = micro.pack_module(dt, form)
+            packs = micro.ResidentPacks(Twins(module.pack_right_serial, module.pack_right).pick(parallel), nb, k, n,
+                                        got[0], int(parallel))
     no_pack = np.empty(0, dt)
 
     def run(inputs: Sequence[np.ndarray], extras: Sequence[np.ndarray], out: np.ndarray):

@@ -72,15 +72,14 @@ def choose_form(nb: int, m: int, n: int, k: int, dt: str = "float32") -> str | N
     """The form for ``[nb, m, k] x [nb, k, n]`` in ``dt`` (None: BLAS)."""
     if n <= DOT_MAX_N and k >= DOT_MIN_K:
         whole_panels = n % (BCAST_NV * bcast_lanes(dt)) == 0
-        # bcast's 64-byte vectors (AVX-512) beat dot from 5 rows on: 1.5-2x at N 32-64, K 256-1024
-        # (bench/lab/skinny_forms.py --region dot)
+        # bcast's 64-byte vectors (AVX-512) beat dot from 5 rows on (docs/performance.md, tuning
+        # log: bench/lab/skinny_forms.py --region dot)
         rows = BCAST_MIN_ROWS if simd.WIDE_BYTES == 64 else BCAST_WIDE_MIN_ROWS
         return "bcast" if whole_panels and nb * m >= rows else "dot"
     if k <= BCAST_MAX_K and n >= BCAST_MIN_N and nb * m >= BCAST_MIN_ROWS:
-        # with AVX-512's 32 registers of 64 bytes the blocked tile (4 x 4) ran 1.1-1.9x bcast's
-        # speed over every such shape (K 32, 64; N 256-4096; M 8-2048; float32 and float64, the
-        # operand resident or packed per call); on AVX2 they are within 0.87-1.14x and bcast
-        # stays (bench/lab/skinny_forms.py). Both give the same bits.
+        # AVX-512's blocked tile (4 x 4 registers of 64 bytes) is as fast as bcast's there or
+        # faster; on AVX2 it was not faster, and bcast stays (docs/performance.md, tuning log:
+        # bench/lab/skinny_forms.py). Both give the same bits.
         return "blocked" if simd.WIDE_BYTES == 64 else "bcast"
     if nb * m >= BLOCKED_MIN_ROWS and n >= max(BLOCKED_MIN_N, blocked_nr(dt)) and k >= BLOCKED_MIN_K:
         return "blocked"
@@ -88,9 +87,8 @@ def choose_form(nb: int, m: int, n: int, k: int, dt: str = "float32") -> str | N
 
 
 def bcast_lanes(dt: str) -> int:
-    """Lanes of a ``bcast`` vector: the widest at full rate. On AVX-512, x·Aᵀ at N = 32 is one
-    panel of 2 x 16 lanes, and ran at 189 GFLOP/s on one core against 113 in 32-byte vectors
-    (the seed's x·Aᵀ at T=256; ``bench/lab/skinny_forms.py --region dot``)."""
+    """Lanes of a ``bcast`` vector: the widest at full rate (on AVX-512, x·Aᵀ at N = 32 is one
+    panel of 2 x 16 lanes; docs/performance.md, tuning log)."""
     return simd.lanes(dt, wide=True)
 
 
@@ -205,8 +203,8 @@ def pack_source(dt: str, nr: int) -> Source:
     batch ``q`` packed in panels of ``nr`` columns, ``bp[q][j0 // nr][k, j - j0]`` (the last
     panel zero-padded), so that a register block walks its panel's ``k * nr`` elements in
     order: a row-major ``[K, N]`` copy would make every step of K a jump of a whole row
-    (4 KiB for the seed), which starved the FMAs. Panels are packed in parallel when ``par``
-    is set (a run-time choice: one compiled function serves every extent); one module per
+    (4 KiB for the seed), which starved the FMAs. ``pack_right`` packs the panels in parallel,
+    its twin ``pack_right_serial`` on the calling thread (every extent on one of the two); one module per
     dtype and panel width (:func:`pack_function`), so that a resident operand can be packed
     once, outside the kernel (``micro == 2``)."""
     # pt: prange may type t unsigned. tb: rows of B run along K, copied in 16x16 blocks, each
@@ -232,7 +230,8 @@ def pack_source(dt: str, nr: int) -> Source:
                 for j in range(pw):
                     bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk * pld + pu + j]"""
     src = Source()
-    # twins: a parallel function costs about 2 µs a call even on its plain loop (see render)
+    # twins, one taken per call (``par`` only keeps their arguments alike): a parallel function
+    # costs about 2 µs a call even on a plain loop (see render)
     for name, parallel in (("pack_right", True), ("pack_right_serial", False)):
         src.add(f"@njit(cache=True, nogil=True, {'parallel=True, ' if parallel else ''}error_model='numpy')")
         with src.block(f"def {name}(bm, nb, k, n, sbb, ldb, tb, par):"):
@@ -247,14 +246,8 @@ def pack_source(dt: str, nr: int) -> Source:
                         for i in range((q * npan + npan - 1) * k * {nr}, (q + 1) * npan * k * {nr}):
                             bp[i] = 0
                 pld = np.uint64(ldb)""")
-            if parallel:
-                with src.block("if par:"), src.block("for t in prange(nbb * npan):"):
-                    src.add(task)
-                with src.block("else:"), src.block("for t in range(nbb * npan):"):
-                    src.add(task)
-            else:
-                with src.block("for t in range(nbb * npan):"):
-                    src.add(task)
+            with src.block(f"for t in {'prange' if parallel else 'range'}(nbb * npan):"):
+                src.add(task)
             src.add("return bp")
         src.add("", "")
     return src

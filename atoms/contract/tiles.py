@@ -44,10 +44,9 @@ ALL_FORMS = frozenset(FORM_IDS.values())
 
 
 # a weight gradient (K-leading left operand) of at most this many rows, over a right operand
-# of at least this many elements, takes BLAS: the blocked tiles packed the whole right operand
-# per call and streamed it from memory once per row tile (the seed's dA at T=8192, 32 x 1024 x
-# 8192: 11.1-12.3 ms against OpenBLAS's 4.9-5.9 ms; 32 x 4096 x 4096: 22.5-24.5 against
-# 14.1-15.4 ms; at 16 rows, or 1024 x 32 x 8192, the tiles were faster)
+# of at least this many elements, takes BLAS: the blocked tiles pack the whole right operand
+# per call and stream it from memory once per row tile (the seed's dA at T=8192, 32 x 1024 x
+# 8192; docs/performance.md, tuning log: bench/lab/skinny_forms.py --region wgrad)
 WGRAD_BLAS_ROWS, WGRAD_BLAS_RIGHT = 32, 8 << 20
 
 

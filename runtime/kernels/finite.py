@@ -12,14 +12,16 @@ _CHUNKS = 64
 _kernels = {}
 
 
-def _kernel(parallel: bool):
+def _scans():
     """The scan of the flat exponent bits, for every size and layout (so that a new extent
     never compiles a new variant, only the bits' dtype does): serial below ``PARALLEL_MIN``,
-    in ``chunks`` parallel chunks above. Two functions: a parallel one costs about 2 µs a
-    call even on a plain loop, which the checks of small values must not pay."""
-    kernel = _kernels.get(parallel)
-    if kernel is None:
+    in ``chunks`` parallel chunks above. Twins: a parallel function costs about 2 µs a call
+    even on a plain loop, which the checks of small values must not pay."""
+    twins = _kernels.get("count")
+    if twins is None:
         from numba import njit, prange
+
+        from runtime.kernels.twins import Twins
 
         @njit(cache=True, nogil=True)
         def count_nonfinite_serial(bits, mask, chunks):
@@ -44,9 +46,8 @@ def _kernel(parallel: bool):
                 total += counts[c]
             return total
 
-        _kernels[False], _kernels[True] = count_nonfinite_serial, count_nonfinite
-        kernel = _kernels[parallel]
-    return kernel
+        twins = _kernels["count"] = Twins(count_nonfinite_serial, count_nonfinite)
+    return twins
 
 
 _BITS = {"float32": np.uint32, "float64": np.uint64}
@@ -58,7 +59,7 @@ def prepare(float_dtypes) -> None:
     for name in sorted(set(float_dtypes) & set(_BITS) - _ready):
         bits = _BITS[name]
         for parallel in (False, True):
-            _kernel(parallel)(np.zeros(SMALL, bits), bits(0), 2 if parallel else 1)
+            _scans().pick(parallel)(np.zeros(SMALL, bits), bits(0), 2 if parallel else 1)
         _ready.add(name)
 
 
@@ -74,9 +75,8 @@ def all_finite(a: np.ndarray) -> bool | None:
         bits, mask = flat.view(np.uint32), np.uint32(0x7F800000)
     else:
         bits, mask = flat.view(np.uint64), np.uint64(0x7FF0000000000000)
-    if a.size < PARALLEL_MIN:
-        return _kernel(False)(bits, mask, 1) == 0
-    return _kernel(True)(bits, mask, _CHUNKS) == 0
+    parallel = a.size >= PARALLEL_MIN
+    return _scans().pick(parallel)(bits, mask, _CHUNKS if parallel else 1) == 0
 
 
 def device_all_finite(a) -> bool:

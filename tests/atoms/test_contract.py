@@ -572,5 +572,5 @@ def test_the_finiteness_scan_of_a_small_value_is_serial():
     assert finite.all_finite(np.ones(100, np.float32)) == True  # noqa: E712 (not None: the scan ran)
     assert finite.all_finite(np.array([1.0, np.nan] * 50)) == False  # noqa: E712
     assert finite.all_finite(np.ones(finite.PARALLEL_MIN, np.float32)) == True  # noqa: E712
-    assert not finite._kernel(False).targetoptions.get("parallel")
-    assert finite._kernel(True).targetoptions.get("parallel")
+    assert not finite._scans().serial.targetoptions.get("parallel")
+    assert finite._scans().parallel.targetoptions.get("parallel")
