@@ -19,7 +19,7 @@ import numpy as np
 
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, ScalarOp, every_axis, linear_in
 from runtime.plugins.kernel import Counts, Kernel, KernelRequest, plain_kernel
-from runtime.toolkit import Epilogue, EpilogueStep, KERNEL_DTYPES, align_to, check_dtypes
+from runtime.toolkit import Epilogue, EpilogueStep, KERNEL_DTYPES, align_to, check_dtypes, first_tier
 from runtime.toolkit.cpu import vmath
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 
@@ -222,6 +222,17 @@ def scalar_map_numpy(mode: str, x: np.ndarray) -> np.ndarray:
     raise ValueError(mode)
 
 
+def scalar_map_first_tier(mode: str, x: np.ndarray) -> np.ndarray:
+    """The first tier's branch-free sigmoid and silu (NumPy's ``where`` on a data-dependent
+    mask mispredicts: 5x slower on random signs); within an ulp or two of the oracle's."""
+    if mode not in ("sigmoid", "silu"):
+        return scalar_map_numpy(mode, x)
+    with np.errstate(all="ignore"):  # exp(-x) -> inf for x << 0: x / inf = -0, 1 / inf = 0
+        d = np.exp(-x)
+        d += 1
+        return np.divide(x if mode == "silu" else 1, d, out=d)
+
+
 def _acc(node: Node) -> np.dtype:
     """The compute dtype: c(acc, d), except that half operands always compute in float32 and
     round once (SPEC §3b.1: exact for 'float32', within tolerance of arti for 'activation')."""
@@ -238,7 +249,8 @@ def _ref_scalar_map(request: KernelRequest) -> Kernel:
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         with np.errstate(all="ignore"):
-            out[...] = scalar_map_numpy(mode, np.asarray(inputs[0]).astype(acc))
+            x = np.asarray(inputs[0]).astype(acc)
+            out[...] = scalar_map_first_tier(mode, x) if first_tier() else scalar_map_numpy(mode, x)
     return plain_kernel(run)
 
 

@@ -196,6 +196,70 @@ def test_a_first_tier_contraction_is_blas_and_the_oracle_einsum():
         assert np.array_equal(run_kernel(SPECS[0], attributes, types, [x, a]), blas)
 
 
+def test_a_batched_first_tier_contraction_is_blas_too():
+    """Attention's [B, H] batched products: the oracle's einsum is no BLAS (5x NumPy's time
+    on the block's first tier), the first tier's is a batched matmul."""
+    from atoms.contract import SPECS
+    from runtime.core.types import TensorType
+    from runtime.kernels.tiers import running_first_tier
+    from runtime.testing import run_kernel
+
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((2, 3, 40, 64), dtype=np.float32)
+    k = rng.standard_normal((2, 3, 50, 64), dtype=np.float32)
+    types = [TensorType(("B", "H", "S", "E"), q.shape, "float32", "d"),
+             TensorType(("B", "H", "K", "E"), k.shape, "float32", "d")]
+    attributes = {"reduce_axes": [["E", "E"]], "output_axes": ["B", "H", "S", "K"], "accumulation_dtype": "float32"}
+    einsum = np.einsum("bhse,bhke->bhsk", q, k)
+    blas = np.matmul(q, k.transpose(0, 1, 3, 2))
+    assert not np.array_equal(einsum, blas)
+    assert np.array_equal(run_kernel(SPECS[0], attributes, types, [q, k]), einsum)
+    with running_first_tier():
+        assert np.array_equal(run_kernel(SPECS[0], attributes, types, [q, k]), blas)
+
+
+@pytest.mark.parametrize("mode", ["silu", "sigmoid"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_first_tier_sigmoid_and_silu_are_branch_free_and_close_to_the_oracle(mode, dtype, monkeypatch):
+    from atoms.elementwise import scalar_map_numpy
+    from runtime.kernels.tiers import running_first_tier
+    from runtime.testing import run_kernel
+    from runtime.core.types import TensorType
+    import atoms.elementwise as elementwise
+
+    spec = next(s for s in elementwise.SPECS if s.name == "scalar-map")
+    x = np.concatenate([np.random.default_rng(7).standard_normal(4000) * 30,
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 88.0, -88.0, 700.0]]).astype(dtype)
+    types = [TensorType(("N",), x.shape, dtype, "d")]
+    attributes = {"mode": mode, "accumulation_dtype": "activation"}
+    oracle = run_kernel(spec, attributes, types, [x])
+    monkeypatch.setattr(elementwise.np, "where", lambda *a: pytest.fail("np.where in the first tier"))
+    with running_first_tier():
+        got = run_kernel(spec, attributes, types, [x])
+    monkeypatch.undo()
+    assert np.array_equal(oracle, scalar_map_numpy(mode, x), equal_nan=True)
+    # (exp(-x) overflows below about -88 / -709: 0 where the oracle has |x|·exp(x), < 1e3·tiny)
+    np.testing.assert_allclose(got, oracle, rtol=4 * np.finfo(dtype).eps, atol=1e3 * np.finfo(dtype).tiny)
+
+
+def test_a_first_tier_finiteness_check_takes_the_serial_scan(monkeypatch):
+    """Numba's worker team spinning beside NumPy's BLAS threads made the seed's first tier
+    2.7x slower: a first-tier run checks its values on the calling thread."""
+    from runtime.kernels import finite
+    from runtime.kernels.tiers import running_first_tier
+
+    finite.prepare(["float32"])
+    big = np.ones(finite.PARALLEL_MIN, np.float32)
+    picked = []
+    real = finite._scans()
+    monkeypatch.setattr(finite, "_scans", lambda: type("T", (), {"pick": lambda self, p: picked.append(p) or real.pick(p)})())
+    assert finite.all_finite(big) is True
+    with running_first_tier():
+        big[7] = np.nan
+        assert finite.all_finite(big) is False
+    assert picked == [True, False]
+
+
 def test_a_new_extent_of_a_compiled_plan_runs_compiled_at_once(gated):
     """Kernels do not depend on the extents of symbolic axes: once one plan of these dtypes is
     compiled, a plan for new extents is built at once (nothing to compile), not tiered."""

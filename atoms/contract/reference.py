@@ -44,9 +44,9 @@ def reference_kernel(request: KernelRequest) -> Kernel:
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         left = np.asarray(inputs[0]).astype(acc, copy=False)
         right = np.asarray(inputs[1]).astype(acc, copy=False)
-        if einsum_ok and not (nb == 1 and first_tier()):
+        if einsum_ok and not first_tier():
             value = np.einsum(left, sub_l, right, sub_r, sub_o)
-        else:  # einsum has 52 labels; the same sum as a matmul (BLAS: the first tier's, unbatched)
+        else:  # einsum has 52 labels; the same sum as a matmul (BLAS: the first tier)
             a = as_batched(left, low.left_order, (nb, m, k))
             b = as_batched(right, low.right_order, (nb, k, n))
             if in_place and out.dtype == acc and out.flags.c_contiguous:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from runtime.kernels.tiers import first_tier
+
 PARALLEL_MIN = 1 << 18  # below this one thread is cheaper than waking the others
 SMALL = 16  # below this NumPy's isfinite is as cheap as a compiled call
 _CHUNKS = 64
@@ -75,7 +77,9 @@ def all_finite(a: np.ndarray) -> bool | None:
         bits, mask = flat.view(np.uint32), np.uint32(0x7F800000)
     else:
         bits, mask = flat.view(np.uint64), np.uint64(0x7FF0000000000000)
-    parallel = a.size >= PARALLEL_MIN
+    # (not in a first-tier run: Numba's team spinning beside NumPy's BLAS threads slowed
+    # the seed's first tier 2.7x)
+    parallel = a.size >= PARALLEL_MIN and not first_tier()
     return _scans().pick(parallel)(bits, mask, _CHUNKS if parallel else 1) == 0
 
 
