@@ -52,7 +52,9 @@ def _scans():
     return twins
 
 
-_BITS = {"float32": np.uint32, "float64": np.uint64}
+# the bits of each float dtype, and its exponent mask (all ones: ±inf or NaN)
+_BITS = {"float32": np.uint32, "float64": np.uint64, "float16": np.uint16, "bfloat16": np.uint16}
+_MASKS = {"float32": 0x7F800000, "float64": 0x7FF0000000000000, "float16": 0x7C00, "bfloat16": 0x7F80}
 _ready: set[str] = set()  # the float dtypes whose scan is built in this process
 
 
@@ -66,17 +68,13 @@ def prepare(float_dtypes) -> None:
 
 
 def all_finite(a: np.ndarray) -> bool | None:
-    """True/False for contiguous float32/float64 arrays, None when NumPy should decide: also
+    """True/False for contiguous float16/bfloat16/float32/float64 arrays, None when NumPy should decide: also
     while the scan of the dtype is not built (``prepare``), which a first run must not wait for."""
-    if a.dtype.char not in "fd" or a.size < SMALL or a.dtype.name not in _ready:
+    name = a.dtype.name
+    if name not in _ready or a.size < SMALL or not (a.flags.c_contiguous or a.flags.f_contiguous):
         return None
-    if not (a.flags.c_contiguous or a.flags.f_contiguous):
-        return None
-    flat = a.reshape(-1, order="A")
-    if a.dtype == np.float32:
-        bits, mask = flat.view(np.uint32), np.uint32(0x7F800000)
-    else:
-        bits, mask = flat.view(np.uint64), np.uint64(0x7FF0000000000000)
+    kind = _BITS[name]
+    bits, mask = a.reshape(-1, order="A").view(kind), kind(_MASKS[name])
     # (not in a first-tier run: Numba's team spinning beside NumPy's BLAS threads slowed
     # the seed's first tier 2.7x)
     parallel = a.size >= PARALLEL_MIN and not first_tier()

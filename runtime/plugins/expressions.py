@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import contextvars
+import functools
 import math
 import re
 import threading
@@ -59,6 +60,13 @@ def check_text(expr: object, arity: int, helpers: tuple[str, ...] = ()) -> str:
     (``helpers``: functions it may call besides the built-ins, as a ScalarOp's ``cpu``)."""
     if not isinstance(expr, str):
         raise ExpressionError(f"its expression is {type(expr).__name__}, not a string")
+    return _checked(expr, arity, tuple(helpers))
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked(expr: str, arity: int, helpers: tuple[str, ...]) -> str:
+    """check_text's work, once per expression (a plan checks each again at every new extent;
+    refusals raise again, since lru_cache keeps only results)."""
     try:
         text = expr.format(*placeholders(arity))
     except IndexError:

@@ -242,3 +242,24 @@ def test_short_names_resolve_against_every_plugins_atoms():
     assert err.value.code == "unknown_atom" and err.value.path == "$.instructions[0].atom_ref"
     assert "(did you mean 'softsign'?)" in err.value.message
     assert b.op("scale", [x, x], {"factor_axes": ["D"], "accumulation_dtype": "activation"})  # built-ins first
+
+
+def test_an_expression_is_parsed_once_and_refused_every_time(monkeypatch):
+    """A plan checks its expressions again at every new extent: the checks are remembered,
+    refusals are not (each plan that holds a broken expression must fail)."""
+    import ast
+
+    from runtime.plugins import expressions
+
+    parsed = []
+    real = ast.parse
+    monkeypatch.setattr(expressions.ast, "parse", lambda *a, **k: parsed.append(a[0]) or real(*a, **k))
+    good, bad = "{0} * 0.73125 + {1}", "{0} +* 0.73125"
+    assert expressions.check_text(good, 2) == expressions.check_text(good, 2) == "_x0 * 0.73125 + _x1"
+    assert parsed.count("_x0 * 0.73125 + _x1") <= 1
+    for _ in range(2):
+        with pytest.raises(expressions.ExpressionError, match="not a Python expression"):
+            expressions.check_text(bad, 1)
+    assert parsed.count("_x0 +* 0.73125") == 2
+    with pytest.raises(expressions.ExpressionError, match="not a string"):
+        expressions.check_text(["{0}"], 1)  # (unhashable: refused before the memo)
