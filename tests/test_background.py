@@ -65,3 +65,37 @@ def test_the_switch_interval_is_short_while_a_background_thread_lives():
         assert sys.getswitchinterval() == 0.002
     finally:
         sys.setswitchinterval(before)
+
+
+def test_full_collections_are_rarer_while_a_background_thread_lives(monkeypatch):
+    """A compile makes long-lived objects fast: at CPython's thresholds the block's cold compile
+    ran 28 full collections, each holding the GIL for 50-120 ms. While a background thread
+    lives the third threshold is at least GC_GEN2_THRESHOLD; the caller's comes back after,
+    and the last thread collects once (so that the next run does not)."""
+    import gc
+
+    before = gc.get_threshold()
+    assert before[2] < background.GC_GEN2_THRESHOLD  # (CPython's default, 10)
+    collected = []
+    real = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(threading.current_thread().name) or real(*a))
+    go, seen = threading.Event(), []
+    first = background.Thread(lambda: go.wait(10), "formula-test-a")
+    second = background.Thread(lambda: seen.append(gc.get_threshold()), "formula-test-b")
+    assert first.start() and second.start()
+    second.join()
+    assert seen[0][2] == background.GC_GEN2_THRESHOLD and seen[0][:2] == before[:2]
+    assert collected == []  # (the first still runs)
+    go.set()
+    first.join()
+    assert gc.get_threshold() == before and collected == ["formula-test-a"]
+    try:  # thresholds the caller set meanwhile stay, and nothing is collected for it
+        go.clear()
+        third = background.Thread(lambda: go.wait(10), "formula-test-c")
+        assert third.start()
+        gc.set_threshold(500, 5, 7)
+        go.set()
+        third.join()
+        assert gc.get_threshold() == (500, 5, 7) and collected == ["formula-test-a"]
+    finally:
+        gc.set_threshold(*before)

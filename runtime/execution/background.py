@@ -20,11 +20,13 @@ machine whose cores the runs fill, a compile then takes the time they leave inst
 of theirs. Numba's worker threads are started by the caller first, so that no pool is
 created, with the lower priority, by a background thread and shared with the runs. And while
 they run the interpreter switches threads every SWITCH_INTERVAL at most, so that a run's
-Python steps do not wait 5 ms each for the GIL a compile holds.
+Python steps do not wait 5 ms each for the GIL a compile holds, and full garbage collections
+(each one holds the GIL) come a tenth as often; the last thread to end collects once.
 """
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import sys
 import threading
@@ -40,6 +42,11 @@ _live: set[Thread] = set()  # started and not yet finished
 # each NumPy call of a run beside it (the first tier's) waited up to that for the GIL
 SWITCH_INTERVAL = 0.0005
 _saved_interval: list[float] = []  # the caller's interval while it is lowered (and what it was set to)
+# ... and the garbage collector's third threshold is at least this: a compile makes long-lived
+# objects fast, so at CPython's 10 the block's cold compile ran 28 full collections of 50-120 ms
+# each, the GIL held through each (a first-tier run beside it waited); at 100, three
+GC_GEN2_THRESHOLD = 100
+_saved_gc: list[tuple[int, ...]] = []  # the caller's thresholds while raised (and what they were set to)
 _exiting = threading.Event()
 _installed = False
 
@@ -86,7 +93,9 @@ class Thread(threading.Thread):
         finally:
             with _lock:
                 _live.discard(self)
-                _restore_switches()
+                collect = _restore_switches()
+            if collect and not _exiting.is_set():
+                gc.collect()  # (here, at this thread's priority, rather than in the next run)
 
     def join(self, timeout: float | None = None) -> None:
         if self.ident is None:  # (never started: refused at exit, nothing to wait for)
@@ -104,22 +113,38 @@ def compile_nice() -> int:
 
 
 def _shorter_switches() -> None:
-    """The switch interval at most SWITCH_INTERVAL while background threads live (under ``_lock``)."""
+    """The switch interval at most SWITCH_INTERVAL, and full collections rarer, while background
+    threads live (under ``_lock``)."""
     if not _saved_interval:
         current = sys.getswitchinterval()
         if current > SWITCH_INTERVAL:
             sys.setswitchinterval(SWITCH_INTERVAL)
             _saved_interval.extend((current, sys.getswitchinterval()))
+    if not _saved_gc:
+        current_gc = gc.get_threshold()
+        if current_gc[0] and current_gc[2] < GC_GEN2_THRESHOLD:  # (0: the caller disabled collection)
+            gc.set_threshold(current_gc[0], current_gc[1], GC_GEN2_THRESHOLD)
+            _saved_gc.extend((current_gc, gc.get_threshold()))
 
 
-def _restore_switches() -> None:
-    """The caller's interval back once no background thread lives (under ``_lock``), unless
-    someone changed it meanwhile."""
-    if _saved_interval and not _live:
+def _restore_switches() -> bool:
+    """The caller's interval and thresholds back once no background thread lives (under
+    ``_lock``), unless someone changed them meanwhile. Returns whether thresholds came back
+    (the garbage the compiles left is then collected by the last thread, not by a run)."""
+    if _live:
+        return False
+    if _saved_interval:
         saved, ours = _saved_interval
         _saved_interval.clear()
         if sys.getswitchinterval() == ours:
             sys.setswitchinterval(saved)
+    if _saved_gc:
+        saved_gc, ours_gc = _saved_gc
+        _saved_gc.clear()
+        if gc.get_threshold() == ours_gc:
+            gc.set_threshold(*saved_gc)
+            return True
+    return False
 
 
 def _lower_priority(steps: int) -> None:
