@@ -175,13 +175,14 @@ CONTRACT_PARALLEL_MIN = _tuning(
     "Multiply-adds below which a contraction runs on one thread.",
     "A parallel region costs about 10 µs or more, more than it saves below it.", shown="2097152 (2 Mi MACs)")
 CONTRACT_BLOCKED_TILES = _tuning(
-    "FORMULA_CONTRACT_BLOCKED_TILES", 2, "atoms/contract/tiles.py (BLOCKED_TILES_PER_THREAD)",
+    "FORMULA_CONTRACT_BLOCKED_TILES", 1, "atoms/contract/tiles.py (BLOCKED_TILES_PER_THREAD)",
     "Tiles per thread of the blocked (packed right operand) GEMM.",
-    "Blocked tiles share one packed right operand, so more tiles cost only a little reuse, and two "
-    "per thread let a worker on a busy core take fewer; 1, 2 and 4 measured alike on an idle machine.",
-    "`python bench/lab/block_settings_ab.py B1-S128 --set FORMULA_CONTRACT_BLOCKED_TILES=1,2,4 "
-    "--reps 15 --rounds 4`, and with `--noisy` (figures in docs/performance.md at "
-    "commit ff5d359).")
+    "Every tile streams the whole packed right operand, so at few rows one tile per thread streams "
+    "it half as often: the 128-row block 2-4 % faster than at two, with a busy neighbour too, "
+    "and the wide MLP and the 512-row block alike.",
+    "`python bench/lab/block_settings_ab.py B1-S128 --set FORMULA_CONTRACT_BLOCKED_TILES=1,2 "
+    "--reps 40 --rounds 4` (and `--noisy`), the same for B1-S512 and mlp-T4096-D1024-F4096 "
+    "(docs/performance.md, tuning log).")
 CONTRACT_PACK_ROWS = _tuning(
     "FORMULA_CONTRACT_PACK_ROWS", 512, "atoms/contract/tiles.py (PACK_ROWS)",
     "Least rows of a BLAS row tile when the right operand is too big to stay cached (over "
