@@ -52,8 +52,7 @@ _VE = "_vexp(-abs({0}))"
 _VSIGMOID = "((1.0 if {0} >= 0.0 else " + _VE + ") / (1.0 + " + _VE + "))"
 _VONE_MINUS_SIGMOID = "((" + _VE + " if {0} >= 0.0 else 1.0) / (1.0 + " + _VE + "))"
 VJP_CPU = {
-    "gelu": "({1} * (0.5 * (1.0 + _verf(0.7071067811865476 * {0})) + "
-            "(({0} * 0.3989422804014327 * _vexp(-0.5 * {0} * {0})) if abs({0}) < 40.0 else 0.0)))",
+    "gelu": "({1} * _vgelu_grad({0}))",  # (in float32 for float32 x: runtime.kernels.vmath)
     "sigmoid": "({1} * (" + _VE + " / ((1.0 + " + _VE + ") * (1.0 + " + _VE + "))))",
     "silu": "({1} * (" + _VSIGMOID + " * (1.0 + {0} * " + _VONE_MINUS_SIGMOID + ")))",
     "tanh": "({1} * (1.0 - _vtanh({0}) * _vtanh({0})))",

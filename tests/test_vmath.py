@@ -316,3 +316,44 @@ def test_softplus_kernels_use_the_vector_log1p_and_import_it():
     plain = render("t", [("x0", "float32", 1, False), ("out", "float32", 1, True)],
                    ["    for i in range(out.shape[0]):", "        out[i] = _vexp(x0[i])"], False)
     assert vmath.LOG_IMPORT not in plain  # sources without log keep their text (and cached kernels)
+
+
+_gelu_grad_all = _over_all(vmath.vgelu_grad)
+GELU_GRAD_ULP32 = 5  # of the larger of Φ(x) and |x|·φ(x): their sum cancels at gelu′'s root
+
+
+def test_vgelu_grad_float32_is_in_float32_and_within_its_stated_bound():
+    """Φ by erfc in float32 (1 + erf lost the negative tail), x² split exactly for φ: the
+    gelu's backward epilogue ran on float64 erf (3x slower) when the literals promoted it."""
+    from scipy.special import erfc
+
+    x = np.concatenate([np.linspace(-13, 13, 400_001, dtype=np.float32), np.float32(-np.logspace(-30, 1.1, 5000))])
+    got = _apply(_gelu_grad_all, x)
+    assert got.dtype == np.float32 and _gelu_grad_all.nopython_signatures[-1].args[0].dtype.bitwidth == 32
+    w = x.astype(np.float64)
+    cdf, tail = 0.5 * erfc(-w / math.sqrt(2.0)), w * 0.3989422804014327 * np.exp(-0.5 * w * w)
+    scale = np.maximum(np.abs(cdf), np.abs(tail)).astype(np.float32)
+    normal = scale >= np.finfo(np.float32).tiny
+    err = np.abs(got - (cdf + tail))[normal] / np.spacing(scale[normal]).astype(np.float64)
+    assert err.max() <= GELU_GRAD_ULP32
+    assert np.all(got[(x < -9) & normal] < 0)  # the negative tail, not 0 from 1 + erf(t)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vgelu_grad_special_values(dtype):
+    x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 40.0, -40.0, 1e30, -1e30], dtype)
+    got = _apply(_gelu_grad_all, x)
+    np.testing.assert_array_equal(got, np.array([0.5, 0.5, 1.0, 0.0, np.nan, 1.0, 0.0, 1.0, 0.0], dtype))
+    assert vmath.vgelu_grad(0.3) == 0.5 * (1.0 + math.erf(0.3 * 0.7071067811865476)) + \
+        0.3 * 0.3989422804014327 * math.exp(-0.5 * 0.3 * 0.3)
+
+
+def test_the_gelu_vjp_declares_vgelu_grad_as_its_cpu_form_and_vectorises():
+    import re
+
+    from atoms.scalar_map_vjp import VJP_CPU
+
+    assert VJP_CPU["gelu"] == "({1} * _vgelu_grad({0}))"
+    vectors, called = _float32_loop(_gelu_grad_all, np.linspace(-3, 3, 64, dtype=np.float32))
+    assert vectors > 50
+    assert not [name for name in called if re.search("gelu|phi|exp32|erf", name)]  # inlined whole

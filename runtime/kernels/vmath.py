@@ -58,20 +58,20 @@ from runtime.kernels.codegen import source_stamp
 # their text, so Numba's disk cache (keyed by the generated file) never serves kernels built on
 # the old code.
 IMPORT = (f"from runtime.kernels.vmath import vexp as _vexp, verf as _verf, vtanh as _vtanh, "
-          f"vgelu as _vgelu  # vmath {source_stamp(__file__)}")
+          f"vgelu as _vgelu, vgelu_grad as _vgelu_grad  # vmath {source_stamp(__file__)}")
 # log and log1p came later: their own import line, only in the sources that call them, so
 # every source without them (and its cached kernel) stays as it was (vlog.py inlines helpers
 # of this file: both are in its digest)
 LOG_IMPORT = (f"from runtime.kernels.vlog import vlog as _vlog, vlog1p as _vlog1p  "
               f"# vmath log {source_stamp(Path(__file__).with_name('vlog.py'), __file__)}")
 # The names IMPORT binds: ScalarOp's ``cpu`` expressions call them (runtime.plugins.atomspec)
-CPU_HELPERS = ("_vexp", "_verf", "_vtanh", "_vgelu", "_vlog", "_vlog1p")
+CPU_HELPERS = ("_vexp", "_verf", "_vtanh", "_vgelu", "_vgelu_grad", "_vlog", "_vlog1p")
 # erf, tanh, gelu, log and log1p are inlined whole (tens of operations each, a noticeable
 # compile cost per copy): a generated module with more calls than this binds their names to
 # libm's functions instead (LIBM_IMPORT), so a long fused chain still compiles in seconds
 MAX_INLINED = 4
-_INLINED = ("_verf(", "_vtanh(", "_vgelu(", "_vlog(", "_vlog1p(")
-LIBM_IMPORT = ("from runtime.kernels.vmath import vexp as _vexp, gelu_libm as _vgelu",
+_INLINED = ("_verf(", "_vtanh(", "_vgelu(", "_vgelu_grad(", "_vlog(", "_vlog1p(")
+LIBM_IMPORT = ("from runtime.kernels.vmath import vexp as _vexp, gelu_libm as _vgelu, gelu_grad_libm as _vgelu_grad",
                "from math import erf as _verf, tanh as _vtanh, log as _vlog, log1p as _vlog1p")
 
 
@@ -433,15 +433,15 @@ def vgelu(x):
 
 
 @njit(inline="always", error_model="numpy")
-def _gelu32(x):
-    """x·Φ(x) = ½x·(1 + erf(t)), t = x/√2, all in float32. |t| < 0.75: erf by its odd
+def _cdf32_times(x, h, top):
+    """``top``·Φ(x) with h = ½·top (top: x for the gelu, 1 for Φ), all in float32: ½top·(1 + erf(t)), t = x/√2. |t| < 0.75: erf by its odd
     polynomial. Beyond, erfc(|t|) = exp(−t²)·erfcx(|t|): x − ½x·erfc for x > 0, ½x·erfc for
     x < 0 (never 1 + erf, whose cancellation would lose the negative tail). erfcx is one
     polynomial in w = 1/(1 + |t|), corrected to first order (erfcx' = 2a·erfcx − 2/√π) for
     the rounding of w and of |t| (t is carried as th + tl); t² is sh + sl (exact square by
     FMA), exp(−sh − sl) kept as q·2^k1·2^k2 so that the tail is rounded once, down to
     subnormal results."""
-    one, h = np.float32(1.0), np.float32(0.5) * x
+    one = np.float32(1.0)
     th = x * np.float32(0.70710677)
     tl = _fma32(x, np.float32(0.70710677), -th) + x * np.float32(1.2101617e-08)
     a = abs(th)
@@ -467,10 +467,22 @@ def _gelu32(x):
     k1 = k >> 1
     scaled = q * _pow2_32(k1) * g  # erfc(|t|) / 2^k2
     e2 = _pow2_32(k - k1)
-    tail = (x - h * (scaled * e2)) if x > np.float32(0.0) else (h * scaled) * e2
-    far = (x if x > np.float32(0.0) else h * np.float32(0.0))  # -inf: NaN, as the formula
+    tail = (top - h * (scaled * e2)) if x > np.float32(0.0) else (h * scaled) * e2
+    far = (top if x > np.float32(0.0) else h * np.float32(0.0))  # gelu(-inf): NaN, as the formula
     tail = far if a > np.float32(_GELU32_FAR) else tail
     return small if a < np.float32(_GELU32_SMALL) else tail
+
+
+@njit(inline="always", error_model="numpy")
+def _gelu32(x):
+    """x·Φ(x) in float32 (_cdf32_times)."""
+    return _cdf32_times(x, np.float32(0.5) * x, x)
+
+
+@njit(inline="always", error_model="numpy")
+def _phi32(x):
+    """Φ(x), the normal CDF, in float32 (_cdf32_times): no cancellation in the negative tail."""
+    return _cdf32_times(x, np.float32(0.5), np.float32(1.0))
 
 
 @njit(inline="always", error_model="numpy")
@@ -488,16 +500,48 @@ def _gelu64(x):
     return 0.5 * x * (1.0 + _erf64(x * 0.7071067811865476))
 
 
+def vgelu_grad(x):
+    """The exact gelu's derivative, Φ(x) + x·φ(x), for compiled kernels (x·φ(x) taken as 0
+    beyond |x| = 40, so that ±inf gives 1 and 0, not inf·0); in plain Python, its formula."""
+    tail = x * 0.3989422804014327 * math.exp(-0.5 * x * x) if abs(x) < 40.0 else 0.0
+    return 0.5 * (1.0 + math.erf(x * 0.7071067811865476)) + tail
+
+
+@njit(inline="always", error_model="numpy")
+def _gelu_grad32(x):
+    """vgelu_grad in float32: Φ by _phi32 (the float64 erf that a literal's promotion would
+    take runs 3x slower, the gelu's backward epilogue over its GEMM)."""
+    sh = x * x
+    sl = _fma32(x, x, -sh)  # x² = sh + sl exactly: exp(-sh/2)·(1 - sl/2), not exp of a rounded x²
+    e = _exp32(np.float32(-0.5) * sh) * (np.float32(1.0) - np.float32(0.5) * sl)
+    tail = x * np.float32(0.3989422804014327) * e
+    return _phi32(x) + (tail if abs(x) < np.float32(40.0) else np.float32(0.0))
+
+
+@njit(inline="always", error_model="numpy")
+def _gelu_grad64(x):
+    tail = x * 0.3989422804014327 * _exp64(-0.5 * x * x)
+    return 0.5 * (1.0 + _erf64(x * 0.7071067811865476)) + (tail if abs(x) < 40.0 else 0.0)
+
+
 _by_precision(vexp, _exp32, _exp64, inline="never")
 _by_precision(verf, _erf32, _erf64)
 _by_precision(vtanh, _tanh32, _tanh64)
 _by_precision(vgelu, _gelu32, _gelu64)
+_by_precision(vgelu_grad, _gelu_grad32, _gelu_grad64)
 
 
 @njit(inline="always", error_model="numpy")
 def gelu_libm(x):
     """:data:`GELU_EXPR` with libm's erf: ``_vgelu`` in a module over :data:`MAX_INLINED`."""
     return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
+
+
+@njit(inline="always", error_model="numpy")
+def gelu_grad_libm(x):
+    """:func:`vgelu_grad` with libm's erf and exp, for a module over :data:`MAX_INLINED`."""
+    tail = x * 0.3989422804014327 * math.exp(-0.5 * x * x) if abs(x) < 40.0 else 0.0
+    return 0.5 * (1.0 + math.erf(x * 0.7071067811865476)) + tail
 
 
 def inlined_calls(lines: Iterable[str]) -> int:
