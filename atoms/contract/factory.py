@@ -17,7 +17,7 @@ from . import micro
 from .blas import blas_operand, c_contiguous_layout, flat_operand, register_blas, single_threaded_blas
 from .lowering import (anchor_dtype, batched_view, keepdims_addressing, keepdims_flattener, node_lowering,
                        out_addressing)
-from .render import I_ADDR, I_FORM, I_K, I_M, I_N, I_NB, I_PAR, I_TM, cpu_source
+from .render import I_ADDR, I_FORM, I_K, I_M, I_N, I_NB, I_PAR, I_TM, I_TN, cpu_source
 from .tiles import ALL_FORMS, GEMV_ROWS, fixed_nk, kernel_forms, plan_tiles
 
 
@@ -26,8 +26,8 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
     come free, the epilogue applied per hot tile. It counts the
     non-finite values of every operand and extra the request asks it to (``counts``): the left
     operand is scanned tile by tile inside the kernel, just before BLAS reads the tile (or
-    checked through the tile's sums, see ``render._scan_after``); the right one (typically a small
-    bank) once, flat, before the tiles. An operand with no flat view is scanned here.
+    checked through the tile's sums, see ``render._scan_after``); the right one once, flat, a
+    share by each worker before its tiles. An operand with no flat view is scanned here.
     A slice of a chunked run (``node.whole``) takes the tile form of the whole run's dims, so
     that each element is computed as the whole run computes it."""
     node, epilogue = request.node, request.epilogue or EMPTY_EPILOGUE
@@ -54,8 +54,8 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
         forms = ALL_FORMS
     tm, form, parallel, nwork = tiles.tm, tiles.form, tiles.parallel, tiles.nwork
     ints = np.zeros(I_ADDR + 3 * (1 + len(extra_addr)), np.int64)
-    ints[[I_NB, I_M, I_N, I_K, I_TM, I_FORM, I_PAR]] = (
-        nb, m, n, k, tm, tiles.form_id, int(parallel))
+    ints[[I_NB, I_M, I_N, I_K, I_TM, I_FORM, I_PAR, I_TN]] = (
+        nb, m, n, k, tm, tiles.form_id, int(parallel), tiles.tn)
     tables = []
     for a, ad in enumerate([out_addr] + extra_addr):
         ints[I_ADDR + 3 * a:I_ADDR + 3 * a + 3] = ad.strides

@@ -43,6 +43,12 @@ FORM_IDS = {None: 0, "dot": 1, "bcast": 2, "bcast packed left": 3, "blocked": 4}
 ALL_FORMS = frozenset(FORM_IDS.values())
 
 
+# a BLAS weight gradient whose rows make fewer tiles than threads is cut along N too, in
+# tiles of at least this many columns (a multiple of every vector width): row tiles alone
+# left the seed's dA at T=8192 (32 rows) with each thread re-reading the whole 32 MiB of x
+# for 16 rows of it (docs/performance.md, tuning log)
+WGRAD_SPLIT_COLS = 128
+
 # a weight gradient (K-leading left operand) of at most this many rows, over a right operand
 # of at least this many elements, takes BLAS: the blocked tiles pack the whole right operand
 # per call and stream it from memory once per row tile (the seed's dA at T=8192, 32 x 1024 x
@@ -102,6 +108,7 @@ class TilePlan:
     pack_left: bool  # bcast tiles copy their left rows into one interleaved block first
     parallel: bool  # tiles in a parallel region (else one worker, no region)
     nwork: int  # workers, each a contiguous run of tiles
+    tn: int  # columns per tile: all N but for BLAS weight gradients of few rows (WGRAD_SPLIT_COLS)
 
     @property
     def form_id(self) -> int:
@@ -149,8 +156,16 @@ def plan_tiles(dims: tuple[int, int, int, int], dt: str, scan_left: bool = False
             ntiles = -(-m // tm)
     else:
         nwork = 1
+    tn = n
+    if parallel and form is None and left_k_leading and GEMV_ROWS < m <= WGRAD_BLAS_ROWS and nb < threads:
+        cols = -(-n // threads)
+        cols = -(-cols // 16) * 16  # (whole vectors in each column tile's epilogue)
+        if WGRAD_SPLIT_COLS <= cols < n:  # one row tile, a column tile per thread
+            tm, tn = m, cols
+            ntiles = nb * -(-n // tn)
+            nwork = min(threads, ntiles)
     pack_left = micro.packs_left(form, n, dt)
-    return TilePlan(tm, ntiles, form, pack_left, parallel, nwork)
+    return TilePlan(tm, ntiles, form, pack_left, parallel, nwork, tn)
 
 
 def pack_rows(m: int, n: int, k: int, item: int) -> int:

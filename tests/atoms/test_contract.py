@@ -574,3 +574,36 @@ def test_the_finiteness_scan_of_a_small_value_is_serial():
     assert finite.all_finite(np.ones(finite.PARALLEL_MIN, np.float32)) == True  # noqa: E712
     assert not finite._scans().serial.targetoptions.get("parallel")
     assert finite._scans().parallel.targetoptions.get("parallel")
+
+
+@pytest.mark.parametrize("bad", [None, "left", "right"])
+def test_a_weight_gradient_in_column_tiles_matches_reference_and_counts_both_operands(monkeypatch, bad):
+    """dA = gᵀ·x with few rows: BLAS column tiles, one per thread (tiles.WGRAD_SPLIT_COLS;
+    the rule's thresholds lowered so small shapes take it), with the seed's epilogue (factor
+    and base over the output's columns), each column tile writing only its columns; the right
+    operand scanned a share per worker, the left tile by tile, each once."""
+    import numba
+
+    if numba.get_num_threads() < 2:
+        pytest.skip("one Numba thread: no column tiles")
+    monkeypatch.setattr(tiles, "WGRAD_BLAS_RIGHT", 0)
+    monkeypatch.setattr(tiles, "WGRAD_SPLIT_COLS", 16)
+    monkeypatch.setattr(tiles, "PARALLEL_MIN_MACS", 0)
+    node = bind([("T", "T")], "RD", T("TR", (300, 24)), T("TD", (300, 200)))
+    ot = node.output_type
+    ft = T("D", (200,))
+    ints = CONTRACT.kernels["cpu"](request_for(node, epilogue_for(node, ft))).compiled.params[0].value
+    assert ints[render.I_FORM] == 0 and ints[render.I_TM] == 24 and ints[render.I_TN] < 200
+    run = CONTRACT.kernels["cpu"](request_for(node, epilogue_for(node, ft), count_inputs=(0, 1)))
+    rng = np.random.default_rng(9)
+    g, x = random_array(rng, node.input_types[0]), random_array(rng, node.input_types[1])
+    factor, base = random_array(rng, ft), random_array(rng, ot)
+    if bad == "left":
+        g[150, 3] = np.nan
+    elif bad == "right":
+        x[299, 199] = np.inf
+    got = np.full(ot.shape, np.nan, np.float32)
+    found = run([g, x], [align_to(factor, ft, ot), align_to(base, ot, ot)], got)
+    assert bool(found) == (bad is not None)
+    if bad is None:
+        close(got, base + reference(node, g, x) * align_to(factor, ft, ot), 300)

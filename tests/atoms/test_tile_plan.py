@@ -18,7 +18,8 @@ SHAPES = [(1, 1, 64, 64), (1, 3, 1024, 1024), (1, 256, 1024, 16), (1, 256, 16, 1
 def test_every_plan_covers_the_rows_once_in_whole_register_blocks(dims, dt, scan, threads):
     nb, m, n, k = dims
     plan = tiles.plan_tiles(dims, dt, scan, threads=threads)
-    assert plan.tm >= 1 and plan.ntiles == nb * -(-m // plan.tm)  # every row in exactly one tile
+    # every row and column in exactly one tile
+    assert plan.tm >= 1 and plan.ntiles == nb * -(-m // plan.tm) * -(-n // plan.tn)
     assert 1 <= plan.nwork <= max(1, min(threads, plan.ntiles))
     assert plan.parallel or plan.nwork == 1
     if plan.form is not None and plan.ntiles > 1:  # only a call's last tile has a remainder
@@ -26,6 +27,18 @@ def test_every_plan_covers_the_rows_once_in_whole_register_blocks(dims, dt, scan
         assert plan.tm % mr in (0, micro.REMAINDER_MR % mr)
     assert not plan.pack_left or plan.form == "bcast"
     assert plan.form_id == tiles.FORM_IDS["bcast packed left" if plan.pack_left else plan.form]
+
+
+def test_few_row_blas_weight_gradients_split_their_columns_over_the_threads():
+    """The seed's dA at T=8192 (32 x 1024 x 8192, K-leading left): two row tiles of 16 rows
+    each read all of x; a column tile per thread reads half of it, for all 32 rows."""
+    plan = tiles.plan_tiles((1, 32, 1024, 8192), "float32", threads=2, dot_ok=False, left_k_leading=True)
+    assert (plan.form, plan.tm, plan.tn, plan.ntiles, plan.nwork) == (None, 32, 512, 2, 2)
+    assert tiles.plan_tiles((1, 32, 1024, 8192), "float32", threads=1, dot_ok=False, left_k_leading=True).tn == 1024
+    for dims in ((1, 1024, 32, 8192), (1, 2, 1024, 8192), (4, 32, 1024, 8192)):  # rows enough, gemv, batches
+        assert tiles.plan_tiles(dims, "float32", threads=2, dot_ok=False, left_k_leading=True).tn == dims[2]
+    for kind in ("bcast", "blocked"):  # micro-kernel tiles are never cut along N
+        assert tiles.plan_tiles((1, 32, 1024, 256), "float32", threads=2, left_k_leading=kind == "blocked").tn == 1024
 
 
 def test_small_calls_stay_on_one_worker_and_tiny_ones_on_gemv():
