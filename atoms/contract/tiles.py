@@ -49,6 +49,16 @@ ALL_FORMS = frozenset(FORM_IDS.values())
 # for 16 rows of it (docs/performance.md, tuning log)
 WGRAD_SPLIT_COLS = 128
 
+# ... and so does a batched one of at most this many rows per batch: the blocked tiles pack
+# each batch's whole right operand for a few rows (attention's dV = dOᵀ·P per head, 64 rows:
+# 1.8 -> 1.4 ms at S=512, 53 -> 27 ms at S=2048; docs/performance.md, tuning log)
+BATCHED_WGRAD_BLAS_ROWS = 64
+
+# a K-leading left operand over a narrow right one (dot's region, which dot cannot read) takes
+# BLAS from this K on: bcast's column reads cost more than BLAS's packing (docs/performance.md,
+# tuning log: the seed's dB at T=256, K=256, stays faster on bcast)
+WGRAD_BLAS_MIN_K = 512
+
 # a weight gradient (K-leading left operand) of at most this many rows, over a right operand
 # of at least this many elements, takes BLAS: the blocked tiles pack the whole right operand
 # per call and stream it from memory once per row tile (the seed's dA at T=8192, 32 x 1024 x
@@ -64,7 +74,14 @@ def form_for(nb: int, m: int, n: int, k: int, dt: str, dot_ok: bool = True, left
     ``left_k_leading``: the left operand is [K, M] (a weight gradient gᵀ·x, whose rows are
     weight axes that no chunked run slices), see ``WGRAD_BLAS_ROWS``."""
     form = micro.choose_form(nb, m, n, k, dt)
-    if form == "blocked" and left_k_leading and nb * m <= WGRAD_BLAS_ROWS and k * n >= WGRAD_BLAS_RIGHT:
+    if form == "blocked" and left_k_leading and (nb * m <= WGRAD_BLAS_ROWS and k * n >= WGRAD_BLAS_RIGHT
+                                                 or nb > 1 and m <= BATCHED_WGRAD_BLAS_ROWS):
+        return None
+    if form in ("dot", "bcast") and left_k_leading and n <= micro.DOT_MAX_N and k >= WGRAD_BLAS_MIN_K:
+        # a narrow product over a long K (dot's region, which dot cannot read with this left
+        # operand): bcast reads the K-leading left operand down its columns, a cache line per
+        # step; BLAS packs it (attention's dV at S=512, 3.3 -> 1.1 ms; the seed's dB at
+        # T=8192, 3.3 -> 2.6 ms)
         return None
     return "bcast" if form == "dot" and not dot_ok else form
 

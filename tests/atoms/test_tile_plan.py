@@ -191,3 +191,19 @@ def test_a_short_weight_gradient_over_a_large_right_operand_takes_blas():
     # a kernel of that N and K links both: which one a call takes depends on its rows
     assert {tiles.FORM_IDS[None], tiles.FORM_IDS["blocked"]} <= tiles.kernel_forms(1024, 8192, "float32",
                                                                                   left_k_leading=True)
+
+
+def test_k_leading_left_operands_take_blas_where_the_micro_kernels_read_them_poorly():
+    """Narrow products over a long K whose left operand is K-leading (the seed's dB, attention's
+    dV by P·dO): bcast reads that operand down its columns; batched ones of few rows per batch
+    (attention's dV by dOᵀ·P): blocked packs each batch's whole right operand for them. Where
+    K is short, or the left operand is row-major, or one batch has rows enough, the
+    micro-kernels stay."""
+    kl = dict(dot_ok=False, left_k_leading=True)
+    assert tiles.form_for(1, 1024, 32, 8192, "float32", **kl) is None
+    assert tiles.form_for(8, 512, 64, 512, "float32", **kl) is None
+    assert tiles.form_for(1, 1024, 32, 256, "float32", **kl) == "bcast"  # (K = 256: bcast was faster)
+    assert tiles.form_for(1, 8192, 32, 1024, "float32") in ("bcast", "dot")  # x·Aᵀ: row-major left
+    assert tiles.form_for(8, 64, 512, 512, "float32", **kl) is None
+    assert tiles.form_for(1, 64, 1024, 4096, "float32", **kl) == "blocked"  # one batch: blocked was faster
+    assert tiles.form_for(8, 128, 512, 512, "float32", **kl) == "blocked"
