@@ -19,6 +19,7 @@ from runtime.core.types import TensorType, is_float
 from runtime.program.model import Program
 from runtime.program.validate import load
 from runtime.autodiff.context import VjpContext
+from runtime.autodiff.simplify import scale_after_contractions
 from runtime.autodiff.writer import ProgramWriter, slot_bytes
 
 
@@ -136,6 +137,7 @@ def vjp(src: Any, wrt: Sequence[str], outputs: Sequence[str] | None = None, regi
             slot = writer.op("reshape", [slot], {"output_axes": list(t.axes), "output_sizes": list(t.sizes)})
         taken.add(slot)
         gradients[name] = slot
+    scale_after_contractions(writer, len(program.instructions), set(gradients.values()))
     added = len(writer.instructions) - len(program.instructions)
     built = writer.build([gradients[n] for n in wrt])
     return Gradient(built, cotangents, gradients, program, added)
