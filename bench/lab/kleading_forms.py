@@ -1,0 +1,81 @@
+"""Contraction forms on products whose left operand is K-leading (gradients: gᵀ·x, and
+attention's dV), each form forced (``tiles.form_for``, past its rules) in one process, medians of
+the runtime's own kernel: the measurements behind ``tiles.WGRAD_BLAS_MIN_K`` and
+``tiles.BATCHED_WGRAD_BLAS_ROWS`` (docs/performance.md, tuning log).
+
+    python bench/lab/kleading_forms.py [--forms default,none,bcast,blocked] [--reps 30]
+
+``default`` is the form the runtime chooses; ``none`` is BLAS.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+H, DH = 8, 64
+
+
+def _cases():
+    from runtime.core.types import TensorType
+
+    def t(axes, sizes):
+        return TensorType(tuple(axes), tuple(sizes), "float32", "d")
+
+    def attrs(pair, out):
+        return {"reduce_axes": [[pair, pair]], "output_axes": list(out), "accumulation_dtype": "float32"}
+
+    cases = {f"seed dB, T={n}: [D,R] = g[T,D]ᵀ·s[T,R]": (t("TD", (n, 1024)), t("TR", (n, 32)), attrs("T", "DR"))
+             for n in (256, 8192)}
+    for s in (128, 512, 2048):
+        cases[f"dV = Pᵀ·dO, S={s}: [K,H,Dh] = P[H,S,K]·dO[S,H,Dh]"] = (
+            t(("H", "S", "K"), (H, s, s)), t(("S", "H", "Dh"), (s, H, DH)), attrs("S", ("K", "H", "Dh")))
+        cases[f"dV = dOᵀ·P, S={s}: [K,H,Dh] = dO[S,H,Dh]·P[H,S,K]"] = (
+            t(("S", "H", "Dh"), (s, H, DH)), t(("H", "S", "K"), (H, s, s)), attrs("S", ("K", "H", "Dh")))
+    return cases
+
+
+def main() -> None:
+    from atoms.contract import SPECS, tiles
+    from runtime.plugins.atomspec import bind_node
+    from runtime.plugins.kernel import request_for
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--forms", default="default,none,bcast,blocked")
+    p.add_argument("--reps", type=int, default=30)
+    args = p.parse_args()
+    spec = next(s for s in SPECS if s.name == "contract")
+    rng = np.random.default_rng(0)
+    for name, (lt, rt, attributes) in _cases().items():
+        a, b = rng.standard_normal(lt.shape, dtype=np.float32), rng.standard_normal(rt.shape, dtype=np.float32)
+        node = bind_node(spec, attributes, [lt, rt])
+        first, cells = None, []
+        for form in args.forms.split(","):
+            chosen = tiles.form_for
+            if form != "default":
+                tiles.form_for = lambda *dims, f=form, **kw: None if f == "none" else f
+            try:
+                kernel = spec.kernels["cpu"](request_for(node))
+            finally:
+                tiles.form_for = chosen
+            out = np.empty(node.output_type.shape, np.float32)
+            kernel([a, b], (), out)
+            first = out.copy() if first is None else first
+            assert np.allclose(out, first, rtol=1e-3, atol=1e-3), (name, form)
+            times = []
+            for _ in range(args.reps + 5):  # (the first calls warm the kernel's threads and caches)
+                started = time.perf_counter()
+                kernel([a, b], (), out)
+                times.append((time.perf_counter() - started) * 1e3)
+            cells.append(f"{form} {statistics.median(times[5:]):.3f}")
+        print(f"{name}: " + ", ".join(cells) + " ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
