@@ -238,7 +238,7 @@ def render_cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Seq
     for name, parallel in (("kernel", True), ("kernel_serial", False)):
         src.add("", "", f"@njit(cache=True, {'parallel=True, ' if parallel else ''}nogil=True, error_model='numpy')")
         with src.block(f"def {name}({params}):"):
-            src.add(f"nb = ints[{I_NB}]", f"n = ints[{I_N}]", f"k = ints[{I_K}]", f"form = ints[{I_FORM}]", "nfb = 0")
+            src.add(f"nb = ints[{I_NB}]", f"n = ints[{I_N}]", f"k = ints[{I_K}]", f"form = ints[{I_FORM}]")
             src.add("bp = bpk")
             if packing:  # bcast: the right operand packed in panels first
                 with src.block("if micro == 1 and (form == 2 or form == 3):"):
@@ -251,7 +251,7 @@ def render_cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Seq
             with src.block(f"for w in {'prange' if parallel else 'range'}(nwork):"):
                 src.add(f"counts[w] = work({wargs})")
             if counting:
-                src.add("total = nfb")
+                src.add("total = 0")
                 with src.block("for w in range(nwork):"):
                     src.add("total += counts[w]")
                 src.add("return total")

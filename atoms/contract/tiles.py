@@ -43,15 +43,15 @@ FORM_IDS = {None: 0, "dot": 1, "bcast": 2, "bcast packed left": 3, "blocked": 4}
 ALL_FORMS = frozenset(FORM_IDS.values())
 
 
-# a BLAS weight gradient whose rows make fewer tiles than threads is cut along N too, in
-# tiles of at least this many columns (a multiple of every vector width): row tiles alone
-# left the seed's dA at T=8192 (32 rows) with each thread re-reading the whole 32 MiB of x
-# for 16 rows of it (docs/performance.md, tuning log)
-WGRAD_SPLIT_COLS = 128
+# a weight gradient (K-leading left operand) of at most this many rows, over a right operand
+# of at least this many elements, takes BLAS: the blocked tiles pack the whole right operand
+# per call and stream it from memory once per row tile (the seed's dA at T=8192, 32 x 1024 x
+# 8192; docs/performance.md, tuning log: bench/lab/skinny_forms.py --region wgrad)
+WGRAD_BLAS_ROWS, WGRAD_BLAS_RIGHT = 32, 8 << 20
 
 # ... and so does a batched one of at most this many rows per batch: the blocked tiles pack
 # each batch's whole right operand for a few rows (attention's dV = dOᵀ·P per head, 64 rows:
-# 1.8 -> 1.4 ms at S=512, 53 -> 27 ms at S=2048; docs/performance.md, tuning log)
+# 1.74 -> 1.57 ms at S=512, 52 -> 24 ms at S=2048; docs/performance.md, tuning log)
 BATCHED_WGRAD_BLAS_ROWS = 64
 
 # a K-leading left operand over a narrow right one (dot's region, which dot cannot read) takes
@@ -59,11 +59,11 @@ BATCHED_WGRAD_BLAS_ROWS = 64
 # tuning log: the seed's dB at T=256, K=256, stays faster on bcast)
 WGRAD_BLAS_MIN_K = 512
 
-# a weight gradient (K-leading left operand) of at most this many rows, over a right operand
-# of at least this many elements, takes BLAS: the blocked tiles pack the whole right operand
-# per call and stream it from memory once per row tile (the seed's dA at T=8192, 32 x 1024 x
-# 8192; docs/performance.md, tuning log: bench/lab/skinny_forms.py --region wgrad)
-WGRAD_BLAS_ROWS, WGRAD_BLAS_RIGHT = 32, 8 << 20
+# a BLAS weight gradient of so few rows that they make one row tile is cut along N, a tile
+# per thread of at least this many columns (a multiple of every vector width): row tiles alone
+# left the seed's dA at T=8192 (32 rows) with each thread re-reading the whole 32 MiB of x
+# for 16 rows of it (docs/performance.md, tuning log)
+WGRAD_SPLIT_COLS = 128
 
 
 def form_for(nb: int, m: int, n: int, k: int, dt: str, dot_ok: bool = True, left_k_leading: bool = False) -> str | None:
@@ -72,7 +72,8 @@ def form_for(nb: int, m: int, n: int, k: int, dt: str, dot_ok: bool = True, left
     order that depends on the call's rows on some CPUs (OpenBLAS's Haswell and Zen gemm), so
     a chunked run's slices differed from its whole run (x's gradient of the seed, on AVX2).
     ``left_k_leading``: the left operand is [K, M] (a weight gradient gᵀ·x, whose rows are
-    weight axes that no chunked run slices), see ``WGRAD_BLAS_ROWS``."""
+    weight axes that no chunked run slices): BLAS where the micro-kernels read it poorly,
+    ``WGRAD_BLAS_ROWS``, ``BATCHED_WGRAD_BLAS_ROWS`` and ``WGRAD_BLAS_MIN_K``."""
     form = micro.choose_form(nb, m, n, k, dt)
     if form == "blocked" and left_k_leading and (nb * m <= WGRAD_BLAS_ROWS and k * n >= WGRAD_BLAS_RIGHT
                                                  or nb > 1 and m <= BATCHED_WGRAD_BLAS_ROWS):
