@@ -64,3 +64,16 @@ def test_nonfinite_scan_finds_every_nan_and_inf_in_its_range_only(dtype):
                 assert scan(b, at, at + 1) == 1
     edge = np.array([np.finfo(dtype).max, -np.finfo(dtype).max, -0.0, np.finfo(dtype).tiny] * 20, dtype)
     assert scan(edge, 0, edge.size) == 0
+
+
+def test_prefetch_is_a_hint_that_never_faults_nor_writes():
+    @njit
+    def touch(a, far):
+        simd.prefetch(a, 0)
+        simd.prefetch(a, far)  # (far past the array: a prefetch never faults)
+        simd.prefetch(a, -far)
+        return a.sum()
+
+    a = np.arange(64, dtype=np.float32)
+    assert touch(a, 1 << 40) == a.sum() and np.array_equal(a, np.arange(64, dtype=np.float32))
+    assert "prefetch" in touch.inspect_asm(touch.signatures[0])

@@ -40,7 +40,7 @@ def make(mr: int, nv: int, lanes: int, kc: int):
     src = Source()
     with src.block("def tile(am, m_bp, scratch, apk, bi, sab, sbb, ta, lda, i0, rows, n, k):"):
         src.add(micro.blocked_tile("float32", mr, nv, kc, lanes))
-    scope = {"np": np, **{f"v{op}": fn for op, fn in ops.items()}}
+    scope = {"np": np, "vprefetch": simd.prefetch, **{f"v{op}": fn for op, fn in ops.items()}}
     exec(src.text(), scope)
     tile = njit(nogil=True, error_model="numpy")(scope["tile"])
 

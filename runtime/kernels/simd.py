@@ -150,6 +150,25 @@ load_f32x16, store_f32x16, bcast_f32x16, zero_f32x16, fma_f32x16, hsum_f32x16 = 
 load_f64x8, store_f64x8, bcast_f64x8, zero_f64x8, fma_f64x8, hsum_f64x8 = (_F64_WIDE[op] for op in OPS)
 
 
+@intrinsic
+def prefetch(typingctx, arr, index):
+    """A hint that ``arr[index]``'s cache line is read soon (``llvm.prefetch``: read, into every
+    cache level); never faults, whatever the index."""
+    if not (isinstance(arr, types.Array) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        at = builder.bitcast(builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.intp)]),
+                             ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [at.type, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [at, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return types.none(arr, index), codegen
+
+
 def lanes(dt: str, wide: bool = False) -> int:
     """Elements per vector of ``dt``: 32-byte vectors, or ``WIDE_BYTES`` ones (``wide``)."""
     return (WIDE_BYTES if wide else VECTOR_BYTES) // (4 if dt == "float32" else 8)

@@ -607,3 +607,27 @@ def test_a_weight_gradient_in_column_tiles_matches_reference_and_counts_both_ope
     assert bool(found) == (bad is not None)
     if bad is None:
         close(got, base + reference(node, g, x) * align_to(factor, ft, ot), 300)
+
+
+@pytest.mark.parametrize("m, k, n", [(9, 300, 200), (64, 257, 130)])
+def test_the_blocked_tile_prefetches_the_next_panel_slice_and_computes_the_same_bits(monkeypatch, m, k, n):
+    """BLOCKED_PREFETCH: each strip prefetches a share of the next panel's K slice (or the
+    first panel's next slice); a hint only, so the bits are those of the tile without it."""
+    from collections import OrderedDict
+
+    from atoms.contract import micro
+
+    assert micro.BLOCKED_PREFETCH and "vprefetch(m_bp, q)" in micro.blocked_tile("float32").text()
+    node = bind([("k", "k")], "ij", T("ik", (m, k)), T("jk", (n, k)))
+    rng = np.random.default_rng(11)
+    a, b = random_array(rng, node.input_types[0]), random_array(rng, node.input_types[1])
+    got = {}
+    for on in (True, False):
+        monkeypatch.setattr(micro, "BLOCKED_PREFETCH", on)
+        monkeypatch.setattr(render, "_SOURCES", OrderedDict())  # (rendered sources name their tile's module)
+        force_form(monkeypatch, "blocked")
+        run = CONTRACT.kernels["cpu"](request_for(node, EMPTY_EPILOGUE))
+        got[on] = np.empty((m, n), np.float32)
+        run([a, b], [], got[on])
+    assert np.array_equal(got[True], got[False])
+    close(got[True], reference(node, a, b), k)
