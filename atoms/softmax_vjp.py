@@ -48,40 +48,8 @@ def _ref_masked_softmax_vjp(request: KernelRequest) -> Kernel:
 
 
 @njit(inline="always", nogil=True)
-def _msv_contiguous(y, g, dst, a, b, c, n):
-    """A row whose three operands are contiguous, without a branch per element: the sum in
-    eight float64 partial sums over selects (a data-dependent mask, key padding, made the
-    branches of the strided loop mispredict: 5x slower), then one rounding of it."""
-    z = y.dtype.type(0)
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-    n8 = n - n % 8
-    for k in range(0, n8, 8):
-        v0, v1, v2, v3 = y[a + k], y[a + k + 1], y[a + k + 2], y[a + k + 3]
-        v4, v5, v6, v7 = y[a + k + 4], y[a + k + 5], y[a + k + 6], y[a + k + 7]
-        s0 += np.float64(v0 * g[b + k] if v0 != z else z)  # (hidden: nothing, even for an inf ȳ)
-        s1 += np.float64(v1 * g[b + k + 1] if v1 != z else z)
-        s2 += np.float64(v2 * g[b + k + 2] if v2 != z else z)
-        s3 += np.float64(v3 * g[b + k + 3] if v3 != z else z)
-        s4 += np.float64(v4 * g[b + k + 4] if v4 != z else z)
-        s5 += np.float64(v5 * g[b + k + 5] if v5 != z else z)
-        s6 += np.float64(v6 * g[b + k + 6] if v6 != z else z)
-        s7 += np.float64(v7 * g[b + k + 7] if v7 != z else z)
-    s = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-    for k in range(n8, n):
-        v = y[a + k]
-        s += np.float64(v * g[b + k] if v != z else z)
-    sr = y.dtype.type(s)
-    for k in range(n):
-        v = y[a + k]
-        dst[c + k] = v * (g[b + k] - sr) if v != z else z
-
-
-@njit(inline="always", nogil=True)
 def _msv_row(y, g, dst, shape, st, base, ys, gs, os, n, r):
     off = _rows.row_offsets(r, shape, st, base)
-    if ys == 1 and gs == 1 and os == 1:
-        _msv_contiguous(y, g, dst, off[0], off[1], off[2], n)
-        return
     s = 0.0
     for k in range(n):
         v = y[off[0] + k * ys]
