@@ -224,7 +224,7 @@ def scalar_map_numpy(mode: str, x: np.ndarray) -> np.ndarray:
 
 def scalar_map_first_tier(mode: str, x: np.ndarray) -> np.ndarray:
     """The first tier's branch-free sigmoid and silu (NumPy's ``where`` on a data-dependent
-    mask mispredicts: 5x slower on random signs); within an ulp or two of the oracle's."""
+    mask mispredicts on random signs); within an ulp or two of the oracle's."""
     if mode not in ("sigmoid", "silu"):
         return scalar_map_numpy(mode, x)
     with np.errstate(all="ignore"):  # exp(-x) -> inf for x << 0: x / inf = -0, 1 / inf = 0

@@ -43,8 +43,8 @@ _live: set[Thread] = set()  # started and not yet finished
 SWITCH_INTERVAL = 0.0005
 _saved_interval: list[float] = []  # the caller's interval while it is lowered (and what it was set to)
 # ... and the garbage collector's third threshold is at least this: a compile makes long-lived
-# objects fast, so at CPython's 10 the block's cold compile ran 28 full collections of 50-120 ms
-# each, the GIL held through each (a first-tier run beside it waited); at 100, three
+# objects fast, and each full collection holds the GIL (a first-tier run beside it waits);
+# docs/performance.md, tuning log: bench/lab/compile_gc.py
 GC_GEN2_THRESHOLD = 100
 _saved_gc: list[tuple[int, ...]] = []  # the caller's thresholds while raised (and what they were set to)
 _exiting = threading.Event()

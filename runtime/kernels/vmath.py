@@ -53,6 +53,7 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from runtime.kernels.codegen import source_stamp
+from runtime.plugins.expressions import CPU_HELPERS  # noqa: F401 (the names IMPORT binds, below)
 
 # Part of every generated source that uses it, with a digest of this file: an edit here changes
 # their text, so Numba's disk cache (keyed by the generated file) never serves kernels built on
@@ -64,8 +65,8 @@ IMPORT = (f"from runtime.kernels.vmath import vexp as _vexp, verf as _verf, vtan
 # of this file: both are in its digest)
 LOG_IMPORT = (f"from runtime.kernels.vlog import vlog as _vlog, vlog1p as _vlog1p  "
               f"# vmath log {source_stamp(Path(__file__).with_name('vlog.py'), __file__)}")
-# The names IMPORT binds: ScalarOp's ``cpu`` expressions call them (runtime.plugins.atomspec)
-CPU_HELPERS = ("_vexp", "_verf", "_vtanh", "_vgelu", "_vgelu_grad", "_vlog", "_vlog1p")
+# IMPORT binds CPU_HELPERS, the names ScalarOp's ``cpu`` expressions may call (declared with the
+# expression checks, a layer below: runtime.plugins.expressions)
 # erf, tanh, gelu, log and log1p are inlined whole (tens of operations each, a noticeable
 # compile cost per copy): a generated module with more calls than this binds their names to
 # libm's functions instead (LIBM_IMPORT), so a long fused chain still compiles in seconds
@@ -434,8 +435,8 @@ def vgelu(x):
 
 @njit(inline="always", error_model="numpy")
 def _cdf32_times(x, h, top):
-    """``top``·Φ(x) with h = ½·top (top: x for the gelu, 1 for Φ), all in float32: ½top·(1 + erf(t)), t = x/√2. |t| < 0.75: erf by its odd
-    polynomial. Beyond, erfc(|t|) = exp(−t²)·erfcx(|t|): x − ½x·erfc for x > 0, ½x·erfc for
+    """``top``·Φ(x) with h = ½·top (top: x for the gelu, 1 for Φ), all in float32:
+    ½top·(1 + erf(t)), t = x/√2. |t| < 0.75: erf by its odd polynomial. Beyond, erfc(|t|) = exp(−t²)·erfcx(|t|): x − ½x·erfc for x > 0, ½x·erfc for
     x < 0 (never 1 + erf, whose cancellation would lose the negative tail). erfcx is one
     polynomial in w = 1/(1 + |t|), corrected to first order (erfcx' = 2a·erfcx − 2/√π) for
     the rounding of w and of |t| (t is carried as th + tl); t² is sh + sl (exact square by
@@ -531,23 +532,19 @@ _by_precision(vgelu, _gelu32, _gelu64)
 _by_precision(vgelu_grad, _gelu_grad32, _gelu_grad64)
 
 
-@njit(inline="always", error_model="numpy")
-def gelu_libm(x):
-    """:data:`GELU_EXPR` with libm's erf: ``_vgelu`` in a module over :data:`MAX_INLINED`."""
-    return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
-
-
-@njit(inline="always", error_model="numpy")
-def gelu_grad_libm(x):
-    """:func:`vgelu_grad` with libm's erf and exp, for a module over :data:`MAX_INLINED`."""
-    tail = x * 0.3989422804014327 * math.exp(-0.5 * x * x) if abs(x) < 40.0 else 0.0
-    return 0.5 * (1.0 + math.erf(x * 0.7071067811865476)) + tail
+# The same formulas compiled as written, with libm's erf and exp: ``_vgelu`` and
+# ``_vgelu_grad`` in a module over :data:`MAX_INLINED` (LIBM_IMPORT)
+gelu_libm = njit(inline="always", error_model="numpy")(vgelu)
+gelu_grad_libm = njit(inline="always", error_model="numpy")(vgelu_grad)
 
 
 def inlined_calls(lines: Iterable[str]) -> int:
     """How many calls of the inlined helpers (erf, tanh, gelu, log, log1p) ``lines`` hold."""
-    text = "\n".join(lines)  # (one scan per helper: a plan's modules hold thousands of lines)
-    return sum(text.count(call) for call in _INLINED)
+    return _inlined_in("\n".join(lines))
+
+
+def _inlined_in(text: str) -> int:
+    return sum(text.count(call) for call in _INLINED)  # (one scan per helper, not per line)
 
 
 def with_imports(lines: list[str]) -> list[str]:
@@ -556,10 +553,10 @@ def with_imports(lines: list[str]) -> list[str]:
     when the code calls ``_vlog`` or ``_vlog1p``, or, when it holds more than
     :data:`MAX_INLINED` calls of inlined helpers, :data:`LIBM_IMPORT` in place of
     :data:`IMPORT` (the same names, bound to libm's functions)."""
-    if inlined_calls(lines) > MAX_INLINED:
+    text = "\n".join(lines)
+    if _inlined_in(text) > MAX_INLINED:
         at = lines.index(IMPORT)
         return lines[:at] + list(LIBM_IMPORT) + lines[at + 1:]
-    text = "\n".join(lines)
     if not ("_vlog(" in text or "_vlog1p(" in text) or LOG_IMPORT in lines:
         return lines
     at = lines.index(IMPORT) + 1

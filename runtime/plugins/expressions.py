@@ -42,7 +42,7 @@ ALLOWED = ("{0}, {1}… (one element of each operand), number and boolean litera
 _NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Call,
           ast.Name, ast.Attribute, ast.Constant, ast.operator, ast.unaryop, ast.boolop, ast.cmpop,
           ast.expr_context)
-# what a ScalarOp's ``cpu`` expression may call besides (runtime.kernels.vmath.CPU_HELPERS)
+# what a ScalarOp's ``cpu`` expression may call besides: the helpers runtime.kernels.vmath binds
 CPU_HELPERS = ("_vexp", "_verf", "_vtanh", "_vgelu", "_vgelu_grad", "_vlog", "_vlog1p")
 NUMBA_TYPES = ("float32", "float64", "int64", "boolean")  # the fusing backends' scalar types
 
