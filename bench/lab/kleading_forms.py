@@ -5,7 +5,8 @@ the runtime's own kernel: the measurements behind ``tiles.WGRAD_BLAS_MIN_K`` and
 
     python bench/lab/kleading_forms.py [--forms default,none,bcast,blocked] [--reps 30]
 
-``default`` is the form the runtime chooses; ``none`` is BLAS.
+``default`` is the form the runtime chooses; ``none`` is BLAS; ``rows`` is BLAS in row tiles
+only (``tiles.WGRAD_SPLIT_COLS`` out of reach: no column tiles).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def _cases():
 
     cases = {f"seed dB, T={n}: [D,R] = g[T,D]ᵀ·s[T,R]": (t("TD", (n, 1024)), t("TR", (n, 32)), attrs("T", "DR"))
              for n in (256, 8192)}
+    cases["seed dA, T=8192: [R,D] = dh[T,R]ᵀ·x[T,D]"] = (t("TR", (8192, 32)), t("TD", (8192, 1024)), attrs("T", "RD"))
     for s in (128, 512, 2048):
         cases[f"dV = Pᵀ·dO, S={s}: [K,H,Dh] = P[H,S,K]·dO[S,H,Dh]"] = (
             t(("H", "S", "K"), (H, s, s)), t(("S", "H", "Dh"), (s, H, DH)), attrs("S", ("K", "H", "Dh")))
@@ -47,7 +49,7 @@ def main() -> None:
     from runtime.plugins.kernel import request_for
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--forms", default="default,none,bcast,blocked")
+    p.add_argument("--forms", default="default,none,rows,bcast,blocked")
     p.add_argument("--reps", type=int, default=30)
     args = p.parse_args()
     spec = next(s for s in SPECS if s.name == "contract")
@@ -57,13 +59,15 @@ def main() -> None:
         node = bind_node(spec, attributes, [lt, rt])
         first, cells = None, []
         for form in args.forms.split(","):
-            chosen = tiles.form_for
+            chosen, split = tiles.form_for, tiles.WGRAD_SPLIT_COLS
             if form != "default":
-                tiles.form_for = lambda *dims, f=form, **kw: None if f == "none" else f
+                tiles.form_for = lambda *dims, f=form, **kw: None if f in ("none", "rows") else f
+            if form == "rows":
+                tiles.WGRAD_SPLIT_COLS = 1 << 62
             try:
                 kernel = spec.kernels["cpu"](request_for(node))
             finally:
-                tiles.form_for = chosen
+                tiles.form_for, tiles.WGRAD_SPLIT_COLS = chosen, split
             out = np.empty(node.output_type.shape, np.float32)
             kernel([a, b], (), out)
             first = out.copy() if first is None else first
