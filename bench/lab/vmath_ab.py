@@ -1,6 +1,7 @@
 """libm against runtime.kernels.vmath in a compiled loop, side by side in one process:
 exact gelu (the formula with ``math.erf``, with ``verf``, and ``vgelu``, which generated CPU
-kernels use), ``tanh`` (``math.tanh`` / ``vtanh``), softplus (scalar-map@2's expression with
+kernels use), gelu's derivative (the float64 chain that the expression's float64 literals start,
+with ``verf`` and ``vexp``, and ``vgelu_grad``, the gelu-vjp's CPU form), ``tanh`` (``math.tanh`` / ``vtanh``), softplus (scalar-map@2's expression with
 ``math.log1p(math.exp(x))`` / ``vlog1p(vexp(x))``) and ``log`` of |x| (``math.log`` /
 ``vlog``), float32 and float64, 2^20 elements N(0, 4), interleaved, medians in ns per
 element. Then the silu chain ``base + silu(x)`` written into a third array and written in
@@ -23,7 +24,7 @@ from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from runtime.kernels.vlog import vlog, vlog1p  # noqa: E402
-from runtime.kernels.vmath import verf, vexp, vgelu, vtanh  # noqa: E402
+from runtime.kernels.vmath import verf, vexp, vgelu, vgelu_grad, vtanh  # noqa: E402
 
 
 @njit(error_model="numpy")
@@ -42,6 +43,20 @@ def gelu_vmath(x, o):
 def gelu_vgelu(x, o):
     for i in range(x.size):
         o[i] = vgelu(x[i])
+
+
+@njit(error_model="numpy")
+def gelu_grad_promoted(x, o):
+    for i in range(x.size):
+        v = x[i]
+        o[i] = 0.5 * (1.0 + verf(0.7071067811865476 * v)) + (
+            (v * 0.3989422804014327 * vexp(-0.5 * v * v)) if abs(v) < 40.0 else 0.0)
+
+
+@njit(error_model="numpy")
+def gelu_grad_vmath(x, o):
+    for i in range(x.size):
+        o[i] = vgelu_grad(x[i])
 
 
 @njit(error_model="numpy")
@@ -117,8 +132,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=7)
     args = p.parse_args()
-    fns = (gelu_libm, gelu_vmath, gelu_vgelu, tanh_libm, tanh_vmath, softplus_libm, softplus_vmath, log_libm,
-           log_vmath)
+    fns = (gelu_libm, gelu_vmath, gelu_vgelu, gelu_grad_promoted, gelu_grad_vmath, tanh_libm, tanh_vmath,
+           softplus_libm, softplus_vmath, log_libm, log_vmath)
     for dt in (np.float32, np.float64):
         x = (np.random.default_rng(0).standard_normal(1 << 20) * 2).astype(dt)
         o = np.empty_like(x)
@@ -133,7 +148,8 @@ def main() -> None:
         ns = {k: np.median(v) * 1e9 / x.size for k, v in times.items()}
         print(f"{np.dtype(dt).name}: " + ", ".join(f"{k} {v:.2f} ns" for k, v in ns.items())
               + f"; gelu {ns['gelu_libm'] / ns['gelu_vmath']:.1f}x (verf), {ns['gelu_libm'] / ns['gelu_vgelu']:.1f}x"
-              f" (vgelu), tanh {ns['tanh_libm'] / ns['tanh_vmath']:.1f}x, softplus "
+              f" (vgelu), gelu' {ns['gelu_grad_promoted'] / ns['gelu_grad_vmath']:.1f}x (vgelu_grad), "
+              f"tanh {ns['tanh_libm'] / ns['tanh_vmath']:.1f}x, softplus "
               f"{ns['softplus_libm'] / ns['softplus_vmath']:.1f}x, log {ns['log_libm'] / ns['log_vmath']:.1f}x")
     aliasing(args.reps)
 
