@@ -1,6 +1,9 @@
 """masked-softmax-vjp@1 (SPEC §3c): y ⊙ (ȳ − Σ_axis ȳ⊙y) of a masked-softmax output y, a
 row kernel in the style of atoms/window.py (a row is one coordinate of the other axes,
-atoms/_rows.py): serial and parallel ``@njit`` twins on the CPU, one thread per row on CUDA."""
+atoms/_rows.py): serial and parallel ``@njit`` twins on the CPU, one thread per row on CUDA.
+Rows that are contiguous in all three arrays (the softmax axis last, C order: attention's
+[B, H, S, K]) take explicit vectors (``simd.ops``), the hidden entries zeroed by a
+select: a branch per element kept the loop scalar, and a product there would be inf·0."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -12,6 +15,7 @@ from runtime.core.types import TensorType
 from runtime.plugins.atomspec import AtomSpec, InferContext, Node, axes_except
 from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, Kernel, KernelRequest, const_array, const_int,
                                     flat_input, plain_kernel)
+from runtime.toolkit.cpu import simd
 from runtime.toolkit import Twins
 
 from . import _rows
@@ -78,6 +82,59 @@ def masked_softmax_vjp_parallel(y, g, dst, shape, st, base, ys, gs, os, n, count
 MASKED_SOFTMAX_VJP = Twins(masked_softmax_vjp_serial, masked_softmax_vjp_parallel)
 
 
+def _vector_rows(dt: str) -> Twins:
+    """Twins over ``count`` contiguous rows of ``n`` (row r at ``oy + r * n``, ``og + r * n``
+    and ``r * n``), in ``dt``: lanes summed in a fixed order (each lane in K order, then the
+    lanes pairwise), so a row's result does not depend on the thread that computes it. The
+    output may be ȳ's memory (``inplace``): each element of ȳ is read before it is written."""
+    o = simd.ops(dt, wide=True)
+    vload, vstore, vbcast, vzero, vhsum = o["load"], o["store"], o["bcast"], o["zero"], o["hsum"]
+    vadd, vsub, vmul, vnzsel = o["add"], o["sub"], o["mul"], o["nzsel"]
+    lanes = simd.lanes(dt, wide=True)
+    zero = np.dtype(dt).type(0)
+
+    @njit(inline="always", nogil=True)
+    def row(y, g, dst, oy, og, od, n):
+        acc = vzero()
+        k = 0
+        while k + lanes <= n:
+            yv = vload(y, oy + k)
+            acc = vadd(acc, vnzsel(yv, vmul(yv, vload(g, og + k))))
+            k += lanes
+        s = vhsum(acc)
+        for t in range(k, n):
+            v = y[oy + t]
+            if v != 0:
+                s += v * g[og + t]
+        sv = vbcast(s)
+        k = 0
+        while k + lanes <= n:
+            yv = vload(y, oy + k)
+            vstore(dst, od + k, vnzsel(yv, vmul(yv, vsub(vload(g, og + k), sv))))
+            k += lanes
+        for t in range(k, n):
+            v = y[oy + t]
+            dst[od + t] = v * (g[og + t] - s) if v != 0 else zero
+
+    @njit(cache=True, nogil=True)
+    def serial(y, g, dst, oy, og, n, count):
+        for r in range(count):
+            row(y, g, dst, oy + r * n, og + r * n, r * n, n)
+
+    @njit(cache=True, nogil=True, parallel=True)
+    def parallel(y, g, dst, oy, og, n, count):
+        for r in prange(count):
+            row(y, g, dst, oy + r * n, og + r * n, r * n, n)
+
+    return Twins(serial, parallel)
+
+
+VECTOR_ROWS = {dt: _vector_rows(dt) for dt in ("float32", "float64")}
+# (module globals: a compiled driver imports the kernels it calls by a global name)
+vector_rows_f32_serial, vector_rows_f32_parallel = VECTOR_ROWS["float32"].serial, VECTOR_ROWS["float32"].parallel
+vector_rows_f64_serial, vector_rows_f64_parallel = VECTOR_ROWS["float64"].serial, VECTOR_ROWS["float64"].parallel
+
+
 def _msv_rows(node: Node, ystr: Sequence[int], gstr: Sequence[int]):
     t, axis = node.input_types[0], node.attributes["axis"]
     ostr = c_strides(t.shape)
@@ -85,10 +142,22 @@ def _msv_rows(node: Node, ystr: Sequence[int], gstr: Sequence[int]):
     return r, (_rows.along(t, axis, ystr), _rows.along(t, axis, gstr), _rows.along(t, axis, ostr))
 
 
+def _contiguous_rows(node: Node, ystr: Sequence[int], gstr: Sequence[int]) -> bool:
+    """Whether y, ȳ (with these element strides) and the C-order output all hold each row
+    contiguously, row r at r * n: the softmax axis last, every array C-ordered."""
+    t, axis = node.input_types[0], node.attributes["axis"]
+    c = tuple(c_strides(t.shape))
+    return t.axes[-1] == axis and all(tuple(st) == c or t.elements <= 1 for st in (ystr, gstr))
+
+
 def _cpu_masked_softmax_vjp(request: KernelRequest) -> Kernel:
     node = request.node
     _float_kernel_dtype(node, "cpu")
     n = node.input_types[0].size_of(node.attributes["axis"])
+    dt = node.input_types[0].dtype
+    # vectors where the rows are contiguous and the sum is kept in the operands' dtype (the
+    # scalar rows add in float64 whatever the operands)
+    vector = VECTOR_ROWS.get(dt) if _acc(node) == np.dtype(dt) and node.input_types[1].dtype == dt else None
     prepared: dict[tuple, tuple] = {}
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
@@ -97,19 +166,32 @@ def _cpu_masked_softmax_vjp(request: KernelRequest) -> Kernel:
         if args is None:
             r, along = _msv_rows(node, ystr, gstr)
             parallel = _rows.parallel_rows(r.count, node.output_type.elements)
-            kernel = MASKED_SOFTMAX_VJP.pick(parallel)
-            args = prepared[(ystr, gstr)] = (kernel, r, along)
-        kernel, r, (ys, gs, os) = args
+            if vector is not None and _contiguous_rows(node, ystr, gstr):
+                args = prepared[(ystr, gstr)] = (vector.pick(parallel), None, r.count)
+            else:
+                args = prepared[(ystr, gstr)] = (MASKED_SOFTMAX_VJP.pick(parallel), r, along)
+        kernel, r, along = args
+        if r is None:
+            kernel(y, g, _flat_out(out), yo, go, n, along)
+            return
+        ys, gs, os = along
         kernel(y, g, _flat_out(out), r.shape, r.strides, _i64([yo, go, 0]), ys, gs, os, n, r.count)
     compiled = None
     if _compilable(*node.input_types, node.output_type):  # C-contiguous operands: their C strides
         strides = c_strides(node.input_types[0].shape)
         r, along = _msv_rows(node, strides, strides)
-        kernel = MASKED_SOFTMAX_VJP.pick(_rows.parallel_rows(r.count, node.output_type.elements))
-        compiled = CompiledCall(kernel, (flat_input(0), flat_input(1), FLAT_OUTPUT, const_array(r.shape),
-                                         const_array(r.strides), const_array(_i64([0, 0, 0])),
-                                         *map(const_int, (*along, n, r.count))))
-    return plain_kernel(run, warm=MASKED_SOFTMAX_VJP.warm, compiled=compiled)
+        parallel = _rows.parallel_rows(r.count, node.output_type.elements)
+        if vector is not None and _contiguous_rows(node, strides, strides):
+            compiled = CompiledCall(vector.pick(parallel), (flat_input(0), flat_input(1), FLAT_OUTPUT,
+                                                            *map(const_int, (0, 0, n, r.count))))
+        else:
+            compiled = CompiledCall(MASKED_SOFTMAX_VJP.pick(parallel), (
+                flat_input(0), flat_input(1), FLAT_OUTPUT, const_array(r.shape), const_array(r.strides),
+                const_array(_i64([0, 0, 0])), *map(const_int, (*along, n, r.count))))
+    def warm() -> None:
+        for twins in (MASKED_SOFTMAX_VJP, vector) if vector is not None else (MASKED_SOFTMAX_VJP,):
+            twins.warm()
+    return plain_kernel(run, warm=warm, compiled=compiled)
 
 
 def _cuda_masked_softmax_vjp(request: KernelRequest) -> Kernel:

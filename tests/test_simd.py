@@ -77,3 +77,40 @@ def test_prefetch_is_a_hint_that_never_faults_nor_writes():
     a = np.arange(64, dtype=np.float32)
     assert touch(a, 1 << 40) == a.sum() and np.array_equal(a, np.arange(64, dtype=np.float32))
     assert "prefetch" in touch.inspect_asm(touch.signatures[0])
+
+
+
+def _lane_ops(dt: str, wide: bool):
+    o = simd.ops(dt, wide)
+    vload, vstore, add, sub, mul, nzsel = (o[k] for k in ("load", "store", "add", "sub", "mul", "nzsel"))
+
+    @njit
+    def lanewise(x, y, outs, at):  # outs rows: x+y, x-y, x*y, nzsel(x, y), each at [at:at+lanes]
+        a, b = vload(x, at), vload(y, at)
+        vstore(outs[0], at, add(a, b))
+        vstore(outs[1], at, sub(a, b))
+        vstore(outs[2], at, mul(a, b))
+        vstore(outs[3], at, nzsel(a, b))
+    return lanewise
+
+
+@pytest.mark.parametrize("dt", ["float32", "float64"])
+@pytest.mark.parametrize("wide", [False, True])
+def test_lanewise_ops_and_the_nonzero_select(dt, wide):
+    """add, sub and mul lane by lane; nzsel(y, x) is x where y != 0 (NaN included, as y != 0
+    is in NumPy) and exactly +0 where y is ±0, even where x is inf or NaN."""
+    lanes = simd.lanes(dt, wide)
+    fn = _lane_ops(dt, wide)
+    x = np.resize(np.array([1.5, 0.0, -0.0, np.nan, 2.0, -3.0, 0.0, 4.0], dt), lanes)
+    y = np.resize(np.array([2.0, np.inf, np.nan, 1.0, -1.0, 0.5, -np.inf, 0.25], dt), lanes)
+    for at in (0, 1):  # (unaligned too)
+        xs, ys = np.zeros(lanes + 2, dt), np.zeros(lanes + 2, dt)
+        xs[at:at + lanes], ys[at:at + lanes] = x, y
+        outs = np.full((4, lanes + 2), 7, dt)
+        fn(xs, ys, outs, at)
+        with np.errstate(all="ignore"):
+            want = [x + y, x - y, x * y, np.where(x != 0, y, 0).astype(dt)]
+        for row, expected in zip(outs, want):
+            np.testing.assert_array_equal(row[at:at + lanes], expected)
+            assert (np.delete(row, range(at, at + lanes)) == 7).all()  # exactly one vector written
+        assert not np.signbit(outs[3][at:at + lanes][x == 0]).any()

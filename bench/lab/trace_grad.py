@@ -1,8 +1,9 @@
 """Where a gradient's time goes on the cpu backend: the split backward (save-all) of one
-bench/training.py case, or the whole vjp program with ``--whole``, per kernel group
+bench/training.py case, the whole vjp program with ``--whole``, the split forward (which keeps
+what the backward reads) with ``--forward`` or the plain program with ``--plain``, per kernel group
 (``trace=True``), medians over repeated runs, largest first; then the untraced run's median.
 
-    python bench/lab/trace_grad.py block-B1-S512 [--whole] [--top 20] [--reps 7]
+    python bench/lab/trace_grad.py block-B1-S512 [--whole | --forward | --plain] [--top 20] [--reps 7]
 """
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("case", help=f"of: {', '.join(training.GRAD_CASES)}")
-    p.add_argument("--whole", action="store_true", help="the whole vjp program (forward and backward)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--whole", action="store_true", help="the whole vjp program (forward and backward)")
+    mode.add_argument("--forward", action="store_true", help="the split forward (save-all)")
+    mode.add_argument("--plain", action="store_true", help="the program itself")
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--reps", type=int, default=7)
     args = p.parse_args()
@@ -32,9 +36,13 @@ def main() -> None:
     prog = training.program(case)
     g = runtime.vjp(prog, wrt=training.wrt(case, values))
     inputs, banks = values["inputs"], values["banks"]
-    if args.whole:
+    if args.plain:
+        program, given = prog, inputs
+    elif args.whole:
         (cotangent,) = g.cotangents.values()
         program, given = g.program, {**inputs, cotangent: values["cotangent"]}
+    elif args.forward:
+        program, given = g.split("save-all").forward, inputs
     else:
         sp = g.split("save-all")
         forward = runtime.compile(sp.forward, "cpu")

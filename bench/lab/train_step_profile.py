@@ -30,7 +30,7 @@ def main(name: str) -> None:
     profile.enable()
     trainer.step()
     profile.disable()
-    pstats.Stats(profile).sort_stats("cumulative").print_stats(20)
+    pstats.Stats(profile).sort_stats(sys.argv[2] if len(sys.argv) > 2 else "cumulative").print_stats(25)
 
 
 if __name__ == "__main__":

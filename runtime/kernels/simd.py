@@ -5,7 +5,9 @@ hand-written matrix tile in Numba runs at a fraction of the FMA rate. These intr
 generated code LLVM vector values (``<8 x float>``, ``<4 x double>``: one 32-byte AVX
 register; and 64-byte ones, ``<16 x float>``, ``<8 x double>``, for the kernels that size
 their tiles by :data:`WIDE_BYTES`) that stay in registers across a loop: unaligned
-load/store, broadcast, fused multiply-add and a horizontal sum. On targets with narrower
+load/store, broadcast, fused multiply-add, a horizontal sum, lane-wise add, subtract and
+multiply, and ``nzsel(y, x)``: x's lanes where y's are not 0 (NaN is not 0), else 0, a
+select where a branch per element would keep a row loop scalar. On targets with narrower
 vectors LLVM splits them.
 
 Names are ``<op>_<f32x8|f64x4|f32x16|f64x8>``; :func:`ops_import` gives generated sources
@@ -40,7 +42,7 @@ def avx512() -> bool:
 # The widest vector the target computes at full rate: a register tile of these (the blocked
 # GEMM's) does twice the work per instruction of 32-byte ones where AVX-512 is present.
 WIDE_BYTES = 64 if avx512() else VECTOR_BYTES
-OPS = ("load", "store", "bcast", "zero", "fma", "hsum")
+OPS = ("load", "store", "bcast", "zero", "fma", "hsum", "add", "sub", "mul", "nzsel")
 
 
 class Vector(types.Type):
@@ -68,7 +70,7 @@ def _element_pointer(context, builder, aryty, ary, index, indexty, vec):
 
 
 def _define(dtype, nbytes: int = VECTOR_BYTES):
-    """The six vector operations for one float dtype and vector size (the caller validates
+    """The vector operations (``OPS``) for one float dtype and vector size (the caller validates
     indices: these read and write ``lanes`` elements from ``index`` with no bounds check)."""
     item = 4 if dtype == types.float32 else 8
     lanes = nbytes // item
@@ -137,17 +139,44 @@ def _define(dtype, nbytes: int = VECTOR_BYTES):
             return lane_reduce(builder, args[0], lanes, builder.fadd)
         return dtype(v), codegen
 
-    return dict(zip(OPS, (load, store, bcast, zero, fma, hsum))), lanes
+    def binary(build):
+        @intrinsic
+        def op(typingctx, a, b):
+            if not (a == vt and b == vt):
+                return None
+
+            def codegen(context, builder, sig, args):
+                return build(builder, *args)
+            return vt(a, b), codegen
+        return op
+
+    def select_nonzero(builder, y, x):  # (fcmp une: true for NaN, as y != 0 is)
+        return builder.select(builder.fcmp_unordered("!=", y, ir.Constant(vec, [0.0] * lanes)), x,
+                              ir.Constant(vec, [0.0] * lanes))
+
+    ops = (load, store, bcast, zero, fma, hsum, binary(builder_op("fadd")), binary(builder_op("fsub")),
+           binary(builder_op("fmul")), binary(select_nonzero))
+    return dict(zip(OPS, ops)), lanes
+
+
+def builder_op(name: str):
+    """``(builder, a, b) -> builder.<name>(a, b)``."""
+    return lambda builder, a, b: getattr(builder, name)(a, b)
 
 
 _F32, LANES_F32 = _define(types.float32)
 _F64, LANES_F64 = _define(types.float64)
 _F32_WIDE, _F64_WIDE = _define(types.float32, 64)[0], _define(types.float64, 64)[0]
-# (module globals: generated kernels import them by these names, see ops_import)
-load_f32x8, store_f32x8, bcast_f32x8, zero_f32x8, fma_f32x8, hsum_f32x8 = (_F32[op] for op in OPS)
-load_f64x4, store_f64x4, bcast_f64x4, zero_f64x4, fma_f64x4, hsum_f64x4 = (_F64[op] for op in OPS)
-load_f32x16, store_f32x16, bcast_f32x16, zero_f32x16, fma_f32x16, hsum_f32x16 = (_F32_WIDE[op] for op in OPS)
-load_f64x8, store_f64x8, bcast_f64x8, zero_f64x8, fma_f64x8, hsum_f64x8 = (_F64_WIDE[op] for op in OPS)
+_BY_WIDTH = {("float32", 32): _F32, ("float64", 32): _F64, ("float32", 64): _F32_WIDE, ("float64", 64): _F64_WIDE}
+# (module globals, load_f32x8 and so on: generated kernels import them by these names, see ops_import)
+for _suffix, _ops in (("f32x8", _F32), ("f64x4", _F64), ("f32x16", _F32_WIDE), ("f64x8", _F64_WIDE)):
+    globals().update({f"{op}_{_suffix}": fn for op, fn in _ops.items()})
+
+
+def ops(dt: str, wide: bool = False) -> dict:
+    """The operations (``OPS``, by name) on vectors of ``dt`` (``wide``: ``WIDE_BYTES`` ones),
+    for plain ``@njit`` kernels that close over them."""
+    return _BY_WIDTH[dt, WIDE_BYTES if wide else VECTOR_BYTES]
 
 
 @intrinsic
@@ -219,8 +248,8 @@ def _scan(load, zero, fma, hsum, width: int):
     return nonfinite
 
 
-nonfinite_f32 = _scan(load_f32x8, zero_f32x8, fma_f32x8, hsum_f32x8, LANES_F32)
-nonfinite_f64 = _scan(load_f64x4, zero_f64x4, fma_f64x4, hsum_f64x4, LANES_F64)
+nonfinite_f32 = _scan(*(_F32[op] for op in ("load", "zero", "fma", "hsum")), LANES_F32)
+nonfinite_f64 = _scan(*(_F64[op] for op in ("load", "zero", "fma", "hsum")), LANES_F64)
 
 
 def scan_import(dt: str) -> str:
