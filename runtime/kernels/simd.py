@@ -168,9 +168,15 @@ _F32, LANES_F32 = _define(types.float32)
 _F64, LANES_F64 = _define(types.float64)
 _F32_WIDE, _F64_WIDE = _define(types.float32, 64)[0], _define(types.float64, 64)[0]
 _BY_WIDTH = {("float32", 32): _F32, ("float64", 32): _F64, ("float32", 64): _F32_WIDE, ("float64", 64): _F64_WIDE}
-# (module globals, load_f32x8 and so on: generated kernels import them by these names, see ops_import)
-for _suffix, _ops in (("f32x8", _F32), ("f64x4", _F64), ("f32x16", _F32_WIDE), ("f64x8", _F64_WIDE)):
-    globals().update({f"{op}_{_suffix}": fn for op, fn in _ops.items()})
+# (module globals: generated kernels import them by these names, see ops_import)
+(load_f32x8, store_f32x8, bcast_f32x8, zero_f32x8, fma_f32x8, hsum_f32x8,
+ add_f32x8, sub_f32x8, mul_f32x8, nzsel_f32x8) = (_F32[op] for op in OPS)
+(load_f64x4, store_f64x4, bcast_f64x4, zero_f64x4, fma_f64x4, hsum_f64x4,
+ add_f64x4, sub_f64x4, mul_f64x4, nzsel_f64x4) = (_F64[op] for op in OPS)
+(load_f32x16, store_f32x16, bcast_f32x16, zero_f32x16, fma_f32x16, hsum_f32x16,
+ add_f32x16, sub_f32x16, mul_f32x16, nzsel_f32x16) = (_F32_WIDE[op] for op in OPS)
+(load_f64x8, store_f64x8, bcast_f64x8, zero_f64x8, fma_f64x8, hsum_f64x8,
+ add_f64x8, sub_f64x8, mul_f64x8, nzsel_f64x8) = (_F64_WIDE[op] for op in OPS)
 
 
 def ops(dt: str, wide: bool = False) -> dict:
