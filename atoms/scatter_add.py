@@ -101,6 +101,58 @@ def scatter_add_parallel(upd, idx, out, shape, st, base, uj, ij, oax, n, bound, 
 
 SCATTER_ADD = Twins(scatter_add_serial, scatter_add_parallel)
 
+# columns of a block of inner rows (below): a worker's share of a row of the base, in cache
+INNER_BLOCK = 256
+
+
+@njit(inline="always", nogil=True)
+def _scatter_add_block(upd, idx, out, uoff, ioff, uj, ij, oax, n, bound, inner, b):
+    lo = b * INNER_BLOCK
+    hi = min(inner, lo + INNER_BLOCK)
+    bad = 0
+    for j in range(n):
+        v = idx[ioff + j * ij]
+        if v >= 0 and v < bound:
+            src = uoff + j * uj
+            dst = v * oax
+            for c in range(lo, hi):
+                out[dst + c] += upd[src + c]
+        else:
+            bad += 1
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def scatter_add_inner_serial(upd, idx, out, uoff, ioff, uj, ij, oax, n, bound, inner):
+    bad = 0
+    for b in range((inner + INNER_BLOCK - 1) // INNER_BLOCK):
+        bad += _scatter_add_block(upd, idx, out, uoff, ioff, uj, ij, oax, n, bound, inner, b)
+    return bad
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def scatter_add_inner_parallel(upd, idx, out, uoff, ioff, uj, ij, oax, n, bound, inner):
+    bad = 0
+    for b in prange((inner + INNER_BLOCK - 1) // INNER_BLOCK):
+        bad += _scatter_add_block(upd, idx, out, uoff, ioff, uj, ij, oax, n, bound, inner, b)
+    return bad
+
+
+# rows that are one contiguous run of the base and of the updates, the same index for all of
+# them (an embedding's gradient, [V, D] from [rows, D]): taken a block of rows at a time, each
+# index's update added along the block contiguously, where a row at a time walked the index
+# axis down a column, a cache line per addition (each element still adds its updates in index
+# order, so the result is the row kernel's bit for bit)
+SCATTER_ADD_INNER = Twins(scatter_add_inner_serial, scatter_add_inner_parallel)
+
+
+def inner_rows(r: _rows.Rows) -> bool:
+    """Whether rows ``r`` (over updates, indices, out) are the inner contiguous run of updates
+    and out (row k at offset k in both) and read one index per position (index strides 0)."""
+    compact = np.array(c_strides(tuple(int(v) for v in r.shape)), np.int64)
+    return r.shape.size > 0 and (r.strides[0] == compact).all() and (r.strides[2] == compact).all() \
+        and not r.strides[1].any()
+
 
 def _cpu_scatter_add(request: KernelRequest) -> Kernel:
     node = request.node
@@ -118,14 +170,23 @@ def _cpu_scatter_add(request: KernelRequest) -> Kernel:
         args = prepared.get(key)
         if args is None:
             r, (uj, ij, oax) = scatter_rows(node, ist, ust)
-            kernel = SCATTER_ADD.pick(_rows.parallel_rows(r.count, tu.elements))
-            args = prepared[key] = (kernel, r, uj, ij, oax)
-        kernel, r, uj, ij, oax = args
-        bad = kernel(upd.view(dt), idx.view(np.int64), out.reshape(-1), r.shape, r.strides,
-                     _i64([uoff, ioff, 0]), uj, ij, oax, n, bound, r.count)
+            inner = inner_rows(r)
+            blocks = -(-r.count // INNER_BLOCK) if inner else r.count
+            kernel = (SCATTER_ADD_INNER if inner else SCATTER_ADD).pick(_rows.parallel_rows(blocks, tu.elements))
+            args = prepared[key] = (kernel, r, uj, ij, oax, inner)
+        kernel, r, uj, ij, oax, inner = args
+        if inner:
+            bad = kernel(upd.view(dt), idx.view(np.int64), out.reshape(-1), uoff, ioff, uj, ij, oax, n, bound,
+                         r.count)
+        else:
+            bad = kernel(upd.view(dt), idx.view(np.int64), out.reshape(-1), r.shape, r.strides,
+                         _i64([uoff, ioff, 0]), uj, ij, oax, n, bound, r.count)
         if bad:  # only reachable when check_values was skipped: re-run it for the precise error
             check_gather(node, [None, inputs[1]])
-    return plain_kernel(run, warm=SCATTER_ADD.warm)
+    def warm() -> None:
+        SCATTER_ADD.warm()
+        SCATTER_ADD_INNER.warm()
+    return plain_kernel(run, warm=warm)
 
 
 def _cuda_scatter_add(request: KernelRequest) -> Kernel:

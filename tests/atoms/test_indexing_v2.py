@@ -163,6 +163,38 @@ def test_scatter_add_floating_beside_a_float_dtype_is_refused_at_load(base, upda
            T("J", (1,), updates))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(50, 300), (40, 3, 7), (9, 1)])
+def test_scatter_add_embedding_rows_are_the_reference_bit_for_bit(dtype, shape):
+    """An embedding's gradient: base [N, ...], updates [J, ...] with the same trailing axes,
+    many repeated indices. cpu takes blocks of contiguous rows (atoms.scatter_add.inner_rows),
+    serial and parallel, and adds each element's updates in index order as the reference does;
+    a program wider than a block (300 > INNER_BLOCK columns) splits across workers."""
+    from atoms import scatter_add
+
+    nd = numpy_dtype(dtype)
+    rng = np.random.default_rng(len(shape))
+    n, rest = shape[0], list(shape[1:])
+    j = 700
+    base = rng.standard_normal(shape).astype(nd)
+    idx = rng.integers(0, n, j)
+    idx[::3] = 4  # a hot row: hundreds of additions in one place
+    upd = rng.standard_normal((j, *rest)).astype(nd)
+    axes = ["M", "E"][:len(rest)]
+    prog = one("scatter@2", [("b", ["N", *axes], list(shape), dtype), ("i", ["J"], [j], "int64"),
+                             ("u", ["J", *axes], [j, *rest], dtype)], SA, ["N", *axes], list(shape), dtype)
+    want = execute(prog, {"b": base, "i": idx, "u": upd}, "reference")
+    taken = []
+    for threshold in (1 << 30, 1):  # serial, then parallel twins
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("atoms._rows.PARALLEL_MIN_ELEMENTS", threshold)
+            mp.setattr(scatter_add, "inner_rows", lambda r, inner=scatter_add.inner_rows: taken.append(inner(r))
+                       or taken[-1])
+            got = execute(prog, {"b": base, "i": idx, "u": upd}, "cpu")
+        np.testing.assert_array_equal(got, want)
+    assert taken == [True, True]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_scatter_add_index_range(backend):
     prog = one("scatter@2", [("b", ["N"], [2], "float32"), ("i", ["J"], [2], "int64"),
