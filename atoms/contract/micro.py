@@ -23,6 +23,7 @@ Every vector access stays inside a row of K or N elements.
 """
 from __future__ import annotations
 
+import textwrap
 import threading
 import weakref
 
@@ -352,12 +353,21 @@ def blocked_tile(dt: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, kc: int | 
         # the strips: element (kk, r) of strip ib at ib * kw + kk * MR + r. With ta, K leads (a
         # weight gradient's gᵀ): copied along A's rows, which hold the tile's rows; read down a
         # column they were lda apart (one set of L1, a TLB miss each)
+        # full strips copy their MR elements per step of K in one straight-line group (no test
+        # per element: LLVM stores them as one interleaved group), the last partial strip padded
+        whole = "\n".join(f"apk[dst + {u}({r})] = am[src + {u}(ib + {r})]" for r in R)
+        rows_at = "\n".join(f"s{r} = {u}(bi * sab + (i0 + ib + {r}) * lda + kc0)" for r in R)
+        interleave = "\n".join(f"apk[dst + kk * {u}({mr}) + {u}({r})] = am[s{r} + kk]" for r in R)
         src.add(f"""
             kw = min({kc}, k - kc0)
+            full = rows // {mr} * {mr}
             if ta:
                 for kk in range({u}(kw)):
                     src = {u}(bi * sab + (kc0 + kk) * lda + i0)
-                    for ib in range(0, rpad, {mr}):
+                    for ib in range(0, full, {mr}):
+                        dst = {u}(ib * kw) + kk * {u}({mr})
+{textwrap.indent(whole, ' ' * 24)}
+                    for ib in range(full, rpad, {mr}):
                         dst = {u}(ib * kw) + kk * {u}({mr})
                         for r in range({mr}):
                             if ib + r < rows:
@@ -365,7 +375,12 @@ def blocked_tile(dt: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, kc: int | 
                             else:
                                 apk[dst + {u}(r)] = 0
             else:
-                for ib in range(0, rpad, {mr}):
+                for ib in range(0, full, {mr}):
+                    dst = {u}(ib * kw)
+{textwrap.indent(rows_at, ' ' * 20)}
+                    for kk in range({u}(kw)):
+{textwrap.indent(interleave, ' ' * 24)}
+                for ib in range(full, rpad, {mr}):
                     for r in range({mr}):
                         dst = {u}(ib * kw + r)
                         if ib + r < rows:
