@@ -49,6 +49,10 @@ BLOCKED_MR, BLOCKED_NV = (4, 4) if simd.WIDE_BYTES == 64 else (6, 2)
 # slice ran the tile at 142 against 175-195 GFLOP/s on one core: bench/lab/blocked_tile_ab.py)
 BLOCKED_SLICE_BYTES, BLOCKED_MAX_KC = 32 * 1024, 256
 BLOCKED_PREFETCH = True  # prefetch the next panel slice during the current one's strips
+# ... and the partial results of the strip this many rows ahead (from the second K slice on):
+# a strip's first FMAs wait on its results, last stored a whole K slice earlier and by then
+# out of L1 and L2 (bench/lab/blocked_tile_ab.py; 0: off)
+BLOCKED_RESULTS_AHEAD = 16
 
 # below these, BLAS is as fast or faster: packing costs about what the register tile saves
 # (docs/performance.md: bench/lab/gemm_forms.py)
@@ -406,7 +410,13 @@ def blocked_tile(dt: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, kc: int | 
                     with src.block("for q in range(pp, pe, 16):"):
                         src.add("vprefetch(m_bp, q)")
                     src.add("pp = pe")
-                src.add(f"so = {u}(ib * bn + j0)", strip)
+                src.add(f"so = {u}(ib * bn + j0)")
+                if BLOCKED_PREFETCH and BLOCKED_RESULTS_AHEAD:
+                    ahead = BLOCKED_RESULTS_AHEAD
+                    with src.block(f"if kc0 > 0 and ib + {ahead} < rpad:"):
+                        src.add([f"vprefetch(scratch, so + {u}({ahead + r}) * sn + {u}({v * lanes}))"
+                                 for r in R for v in V])
+                src.add(strip)
     return src
 
 
