@@ -327,9 +327,10 @@ def bcast_tile(dt: str, pack_left: bool = False) -> Source:
 
 def blocked_tile(dt: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, kc: int | None = None,
                  lanes: int | None = None) -> Source:
-    """``scratch[i, j] = sum_k A[i0 + i, k] bp[k, j]`` for the tile's rows, into a scratch
-    of rows of whole panels (``bn`` columns: a register tile stores whole vectors), the tile's
-    rows rounded up to whole strips (padding rows are zero). Every element is one chain of
+    """``scratch[i, j] = sum_k A[i0 + i, k] bp[k, j]`` for the tile's rows and its columns
+    ``j0 <= j < j0 + cols`` (``j0`` a whole panel's start), into a scratch of rows of whole
+    panels (``bn`` columns: a register tile stores whole vectors), the tile's rows rounded up
+    to whole strips (padding rows are zero). Every element is one chain of
     FMAs in K order, whichever tile and strip hold it: a slice of a run computes it alike.
     The shape parameters (``lanes``: of the vector operations in scope, by default the
     ``WIDE_BYTES`` ones) are the runtime's; bench/lab/blocked_tile_ab.py varies them."""
@@ -352,7 +353,8 @@ def blocked_tile(dt: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, kc: int | 
     strip.add([f"vstore(scratch, so + {u}({r}) * sn + {u}({v * lanes}), c{r}_{v})" for r in R for v in V])
     src = Source().add(f"bn = (n + {nr - 1}) // {nr} * {nr}", f"sn = {u}(bn)",
                        "pq = (bi if sbb != 0 else 0) * k * bn",  # this batch's panels (pack_right's layout)
-                       f"rpad = (rows + {mr - 1}) // {mr} * {mr}")
+                       f"rpad = (rows + {mr - 1}) // {mr} * {mr}",
+                       f"jlo = j0 // {nr} * {nr}", f"jhi = min(bn, (j0 + cols + {nr - 1}) // {nr} * {nr})")
     with src.block(f"for kc0 in range(0, k, {kc}):"):
         # the strips: element (kk, r) of strip ib at ib * kw + kk * MR + r. With ta, K leads (a
         # weight gradient's gᵀ): copied along A's rows, which hold the tile's rows; read down a
@@ -394,13 +396,13 @@ def blocked_tile(dt: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, kc: int | 
                         else:
                             for kk in range({u}(kw)):
                                 apk[dst + kk * {u}({mr})] = 0""")
-        with src.block(f"for j0 in range(0, bn, {nr}):"):
-            src.add(f"pbb = pq + j0 * k + kc0 * {nr}")
+        with src.block(f"for jp in range(jlo, jhi, {nr}):"):
+            src.add(f"pbb = pq + jp * k + kc0 * {nr}")
             if BLOCKED_PREFETCH:
                 # the next panel's slice (or the first panel's next slice), a share per strip:
                 # a new slice's first strip otherwise waits on L3 for each of its lines
                 src.add(f"""
-                    nxt = pbb + {nr} * k if j0 + {nr} < bn else (pq + (kc0 + kw) * {nr} if kc0 + kw < k else -1)
+                    nxt = pbb + {nr} * k if jp + {nr} < jhi else (pq + jlo * k + (kc0 + kw) * {nr} if kc0 + kw < k else -1)
                     plen = kw * {nr} if nxt >= 0 else 0
                     pstep = ((plen + 15) // 16 * {mr} + rpad - 1) // rpad * 16
                     pp = nxt""")
@@ -410,7 +412,7 @@ def blocked_tile(dt: str, mr: int = BLOCKED_MR, nv: int = BLOCKED_NV, kc: int | 
                     with src.block("for q in range(pp, pe, 16):"):
                         src.add("vprefetch(m_bp, q)")
                     src.add("pp = pe")
-                src.add(f"so = {u}(ib * bn + j0)")
+                src.add(f"so = {u}(ib * bn + jp)")
                 if BLOCKED_PREFETCH and BLOCKED_RESULTS_AHEAD:
                     ahead = BLOCKED_RESULTS_AHEAD
                     with src.block(f"if kc0 > 0 and ib + {ahead} < rpad:"):
@@ -431,7 +433,7 @@ TILE_ARGS = {"bcast": "am, m_bp, scratch, apk, bi, sab, sbb, ta, lda, m_npad, i0
 # blocked: a C function (see tile_function), called with its arrays' addresses and sizes
 BLOCKED_ARGS = ("np.int64(am.ctypes.data), np.int64(m_bp.ctypes.data), np.int64(scratch.ctypes.data), "
                 "np.int64(apk.ctypes.data), am.size, m_bp.size, scratch.size, apk.size, "
-                "bi, sab, sbb, ta, lda, i0, rows, n, k")
+                "bi, sab, sbb, ta, lda, i0, rows, n, k, j0, cols")
 
 
 def tile_function(form: str, dt: str, pack_left: bool = False, import_as: str = "_tile") -> str:
@@ -469,7 +471,8 @@ def _blocked_function(dt: str, import_as: str) -> str:
                   simd.ops_import(dt, wide=True), "from runtime.kernels.simd import prefetch as vprefetch"])
     src.add("", f"_P = _t.CPointer(_t.{dt})", "", "",
             f"@cfunc(_t.void(_P, _P, _P, _P, {ints}), cache=True, nopython=True, error_model='numpy')")
-    with src.block("def tile_c(p_am, p_bp, p_scr, p_apk, n_am, n_bp, n_scr, n_apk, bi, sab, sbb, ta, lda, i0, rows, n, k):"):
+    with src.block("def tile_c(p_am, p_bp, p_scr, p_apk, n_am, n_bp, n_scr, n_apk, bi, sab, sbb, ta, lda, i0, rows, n, k, "
+                   "j0, cols):"):
         src.add("am = carray(p_am, (n_am,))", "m_bp = carray(p_bp, (n_bp,))",
                 "scratch = carray(p_scr, (n_scr,))", "apk = carray(p_apk, (n_apk,))", blocked_tile(dt))
     src.add("", "", 'SYMBOL = "formula_" + __name__.replace(".", "_")', "_ll.add_symbol(SYMBOL, tile_c.address)",

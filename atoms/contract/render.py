@@ -181,14 +181,15 @@ def render_cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Seq
             src.add("t = _take(ticket)")
             with src.block("if t >= ntiles:"):
                 src.add("break")
-            # tile t: batch bi, row tile, column tile (BLAS tiles only have more than one column
-            # tile: tiles.plan_tiles); a column tile's product lands at its columns of the scratch
+            # tile t: batch bi, row tile, column tile (more than one for BLAS weight gradients and
+            # short blocked products: tiles.plan_tiles); a column tile's product lands at its
+            # columns of the scratch (a blocked one's start is a whole panel's)
             src.add("bi = t // (ntm * ntn)", "tr = t - bi * ntm * ntn", "i0 = (tr // ntn) * tm",
                     "j0 = (tr - (tr // ntn) * ntn) * tn", "rows = min(tm, m - i0)", "cols = min(tn, n - j0)",
                     "prm[0] = cols", "prm[1] = rows")
             if scan_left:  # before the tile, or after it: see _scan_after
                 src.add("q0 = (bi * m + i0) * k",
-                        f"after = scan_a and micro != 0 and rows > {GEMV_ROWS} and 0 < n < k")
+                        f"after = scan_a and micro != 0 and rows > {GEMV_ROWS} and 0 < n < k and cols == n")
                 with src.block("if scan_a and not after and j0 == 0:"):
                     src.add("nf += _nonfinite(a, q0, q0 + rows * k)")
             src.add("arow = i0 if ta else i0 * lda")

@@ -65,6 +65,15 @@ WGRAD_BLAS_MIN_K = 512
 # for 16 rows of it (docs/performance.md, tuning log)
 WGRAD_SPLIT_COLS = 128
 
+# a blocked product of fewer rows than BLOCKED_COLUMN_ROWS per thread, over at least
+# BLOCKED_COLUMN_COLS columns per thread, is cut along N instead, each thread all the rows and
+# a share of the panels: a thread's tile then reuses each panel slice over twice the strips and
+# reads half the packed right operand (the block's x·W1 at 128 rows, K=512, N=2048: 201 against
+# 181 GFLOP/s a core in bench/lab/blocked_tile_ab.py, 0.84 against 0.88 ms in the block; at
+# N=512 no faster, the attention output's 0.21 against 0.19 ms: bench/lab/trace_grad.py
+# block-B1-S128 --plain)
+BLOCKED_COLUMN_ROWS, BLOCKED_COLUMN_COLS = 128, 1024
+
 
 def form_for(nb: int, m: int, n: int, k: int, dt: str, dot_ok: bool = True, left_k_leading: bool = False) -> str | None:
     """``micro.choose_form``, with ``bcast`` (which reads either layout) where ``dot`` cannot
@@ -127,6 +136,7 @@ class TilePlan:
     parallel: bool  # tiles in a parallel region (else one worker, no region)
     nwork: int  # workers, each a contiguous run of tiles
     tn: int  # columns per tile: all N but for BLAS weight gradients of few rows (WGRAD_SPLIT_COLS)
+    # and wide blocked products of few rows (BLOCKED_COLUMN_ROWS, BLOCKED_COLUMN_COLS)
 
     @property
     def form_id(self) -> int:
@@ -175,6 +185,15 @@ def plan_tiles(dims: tuple[int, int, int, int], dt: str, scan_left: bool = False
     else:
         nwork = 1
     tn = n
+    if parallel and form == "blocked" and nb == 1 and m < threads * BLOCKED_COLUMN_ROWS \
+            and n >= threads * BLOCKED_COLUMN_COLS:
+        nr = micro.blocked_nr(dt)
+        cols = -(-n // threads)
+        cols = -(-cols // nr) * nr  # (whole panels: a blocked tile starts at one)
+        if cols < n:  # one row tile, a column tile per thread
+            tm, tn = micro.whole_blocks(form, m), cols
+            ntiles = -(-n // tn)
+            nwork = min(threads, ntiles)
     if parallel and form is None and left_k_leading and GEMV_ROWS < m <= WGRAD_BLAS_ROWS and nb < threads:
         cols = -(-n // threads)
         cols = -(-cols // 16) * 16  # (whole vectors in each column tile's epilogue)

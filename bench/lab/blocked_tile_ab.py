@@ -38,7 +38,7 @@ def make(mr: int, nv: int, lanes: int, kc: int):
     ops, _ = simd._define(types.float32, 4 * lanes)
     nr = nv * lanes
     src = Source()
-    with src.block("def tile(am, m_bp, scratch, apk, bi, sab, sbb, ta, lda, i0, rows, n, k):"):
+    with src.block("def tile(am, m_bp, scratch, apk, bi, sab, sbb, ta, lda, i0, rows, n, k, j0, cols):"):
         src.add(micro.blocked_tile("float32", mr, nv, kc, lanes))
     scope = {"np": np, "vprefetch": simd.prefetch, **{f"v{op}": fn for op, fn in ops.items()}}
     exec(src.text(), scope)
@@ -51,7 +51,7 @@ def make(mr: int, nv: int, lanes: int, kc: int):
         apk = np.empty((tm + mr) * kc, np.float32)
         for i0 in range(0, m, tm):
             rows = min(tm, m - i0)
-            tile(am, bp, scr, apk, 0, 0, 0, 0, k, i0, rows, n, k)
+            tile(am, bp, scr, apk, 0, 0, 0, 0, k, i0, rows, n, k, 0, n)
             for i in range(rows):
                 for j in range(n):
                     out[(i0 + i) * n + j] = scr[i * npad + j]

@@ -609,6 +609,44 @@ def test_a_weight_gradient_in_column_tiles_matches_reference_and_counts_both_ope
         close(got, base + reference(node, g, x) * align_to(factor, ft, ot), 300)
 
 
+@pytest.mark.parametrize("bad", [None, "left", "right"])
+@pytest.mark.parametrize("m, n", [(100, 1000), (37, 300)])  # (BLOCKED_COLUMN_COLS lowered)
+def test_a_short_blocked_product_in_column_tiles_is_the_row_tiles_bit_for_bit(monkeypatch, bad, m, n):
+    """Few rows (tiles.BLOCKED_COLUMN_ROWS): a blocked tile per thread over whole panels of N,
+    the last one partial, with the seed's epilogue (a factor over the output's columns, a base);
+    bit for bit the plan
+    in whole rows (each element one chain of FMAs in K order whichever tile holds it); the
+    left operand scanned once (by the first column tile), the right a share per worker."""
+    import numba
+
+    if numba.get_num_threads() < 2:
+        pytest.skip("one Numba thread: no column tiles")
+    monkeypatch.setattr(tiles, "PARALLEL_MIN_MACS", 0)
+    monkeypatch.setattr(tiles, "BLOCKED_COLUMN_COLS", 64)
+    node = bind([("k", "k")], "ij", T("ik", (m, 520)), T("jk", (n, 520)))
+    ot, ft = node.output_type, T("j", (n,))
+    rng = np.random.default_rng(m)
+    a, b = random_array(rng, node.input_types[0]), random_array(rng, node.input_types[1])
+    factor, base = random_array(rng, ft), random_array(rng, ot)
+    if bad == "left":
+        a[m // 2, 7] = np.nan
+    elif bad == "right":
+        b[n - 1, 519] = np.inf
+    got = {}
+    for rows in (tiles.BLOCKED_COLUMN_ROWS, 0):  # column tiles, then whole rows
+        monkeypatch.setattr(tiles, "BLOCKED_COLUMN_ROWS", rows)
+        kernel = CONTRACT.kernels["cpu"](request_for(node, epilogue_for(node, ft), count_inputs=(0, 1)))
+        ints = kernel.compiled.params[0].value
+        assert ints[render.I_FORM] == tiles.FORM_IDS["blocked"]
+        assert (ints[render.I_TN] < n) == bool(rows)
+        got[rows] = np.full(ot.shape, np.nan, np.float32)
+        found = kernel([a, b], [align_to(factor, ft, ot), base], got[rows])
+        assert bool(found) == (bad is not None)
+    if bad is None:
+        assert np.array_equal(got[tiles.BLOCKED_COLUMN_ROWS], got[0])
+        close(got[0], base + reference(node, a, b) * align_to(factor, ft, ot), 520)
+
+
 @pytest.mark.parametrize("m, k, n", [(9, 300, 200), (64, 257, 130)])
 def test_the_blocked_tile_prefetches_the_next_panel_slice_and_computes_the_same_bits(monkeypatch, m, k, n):
     """BLOCKED_PREFETCH: each strip prefetches a share of the next panel's K slice (or the

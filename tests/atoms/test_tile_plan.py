@@ -37,8 +37,28 @@ def test_few_row_blas_weight_gradients_split_their_columns_over_the_threads():
     assert tiles.plan_tiles((1, 32, 1024, 8192), "float32", threads=1, dot_ok=False, left_k_leading=True).tn == 1024
     for dims in ((1, 1024, 32, 8192), (1, 2, 1024, 8192), (4, 32, 1024, 8192)):  # rows enough, gemv, batches
         assert tiles.plan_tiles(dims, "float32", threads=2, dot_ok=False, left_k_leading=True).tn == dims[2]
-    for kind in ("bcast", "blocked"):  # micro-kernel tiles are never cut along N
-        assert tiles.plan_tiles((1, 32, 1024, 256), "float32", threads=2, left_k_leading=kind == "blocked").tn == 1024
+    bcast = tiles.plan_tiles((1, 100, 64, 1024), "float32", threads=2)  # bcast tiles are never cut along N
+    assert bcast.form == "bcast" and bcast.tn == 64
+
+
+@pytest.mark.parametrize("m, n, k, tn", [(128, 2048, 512, 1024), (128, 4096, 2048, 2048), (16, 2048, 512, 1024),
+                                         (100, 2100, 512, 1088), (255, 2048, 512, 1024)])
+def test_short_wide_blocked_products_split_their_columns_in_whole_panels(m, n, k, tn):
+    """Fewer than BLOCKED_COLUMN_ROWS rows a thread, at least BLOCKED_COLUMN_COLS columns: one
+    row tile of every row, a column tile of whole panels per thread (the last one shorter)."""
+    plan = tiles.plan_tiles((1, m, n, k), "float32", threads=2)
+    assert (plan.form, plan.tm, plan.tn, plan.ntiles, plan.nwork) == ("blocked", micro.whole_blocks("blocked", m),
+                                                                      tn, 2, 2)
+    assert plan.tn % micro.blocked_nr("float32") == 0
+
+
+@pytest.mark.parametrize("dims", [(1, 256, 2048, 512), (1, 4096, 4096, 1024), (8, 128, 512, 64), (1, 128, 64, 512),
+                                  (1, 128, 512, 2048), (1, 128, 2047, 512)])
+def test_other_blocked_products_keep_whole_rows(dims):
+    """Rows enough for every thread, batches, a single panel, too few columns, and one
+    thread: no column tiles."""
+    assert tiles.plan_tiles(dims, "float32", threads=2).tn == dims[2]
+    assert tiles.plan_tiles((1, 128, 2048, 512), "float32", threads=1).tn == 2048
 
 
 def test_small_calls_stay_on_one_worker_and_tiny_ones_on_gemv():
