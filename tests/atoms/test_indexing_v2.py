@@ -196,12 +196,16 @@ def test_scatter_add_embedding_rows_are_the_reference_bit_for_bit(dtype, shape):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_scatter_add_index_range(backend):
-    prog = one("scatter@2", [("b", ["N"], [2], "float32"), ("i", ["J"], [2], "int64"),
-                             ("u", ["J"], [2], "float32")], SA, ["N"], [2])
-    expect("index_range", "$.instructions[0].input_slots[1]", runtime.execute, prog,
-           inputs={"b": np.zeros(2, np.float32), "i": np.array([0, -1]), "u": np.ones(2, np.float32)},
-           banks={}, backend=backend)
+@pytest.mark.parametrize("width", [None, 3])  # (rows of width 3: cpu's blocks of contiguous rows)
+def test_scatter_add_index_range(backend, width):
+    extra = [] if width is None else ["M"]
+    sizes = [] if width is None else [width]
+    prog = one("scatter@2", [("b", ["N", *extra], [2, *sizes], "float32"), ("i", ["J"], [2], "int64"),
+                             ("u", ["J", *extra], [2, *sizes], "float32")], SA, ["N", *extra], [2, *sizes])
+    for bad in (-1, 2):
+        expect("index_range", "$.instructions[0].input_slots[1]", runtime.execute, prog,
+               inputs={"b": np.zeros((2, *sizes), np.float32), "i": np.array([0, bad]),
+                       "u": np.ones((2, *sizes), np.float32)}, banks={}, backend=backend)
 
 
 # --- fold / unfold --------------------------------------------------------------------------------
