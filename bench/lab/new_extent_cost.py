@@ -1,0 +1,65 @@
+"""Where the first run at a new extent goes, in one process: the transformer block of
+bench/first_result.py (``new_extent``), warmed at S=64, then at each new S the first run split
+into the binding checks, the plan build (its schedule part apart), taking the arena and the
+execution, against the same run's next two.
+
+    python bench/lab/new_extent_cost.py [--extents 100,300,77]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import first_result, transformer  # noqa: E402
+
+
+def main() -> None:
+    import runtime
+    from runtime.execution import bindings, compiled, launches
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--extents", default="100,300,77")
+    args = p.parse_args()
+    spent: collections.Counter = collections.Counter()
+
+    def timed(cls, name: str, tag: str) -> None:
+        original = getattr(cls, name)
+
+        def wrapper(self, *a, **k):
+            started = time.perf_counter()
+            try:
+                return original(self, *a, **k)
+            finally:
+                spent[tag] += (time.perf_counter() - started) * 1e3
+        setattr(cls, name, wrapper)
+
+    timed(bindings.Binder, "bind", "bind")
+    timed(compiled.PlanBuilder, "build", "build")
+    timed(compiled.PlanBuilder, "schedule", "schedule")
+    timed(compiled.CompiledPlan, "acquire_arena", "arena")
+    timed(launches.Launcher, "execute", "execute")
+    dims = first_result.BLOCK_DIMS
+    exe = runtime.compile(transformer.transformer_block_program(full=True, dims=dims), "cpu")
+    data = transformer.transformer_block_data(64, full=True, dims=dims)
+    for _ in range(3):
+        exe.run(**data)
+    exe.wait_compiled()
+    exe.warm()
+    for s in (int(v) for v in args.extents.split(",")):
+        data = transformer.transformer_block_data(s, full=True, dims=dims)
+        for k in range(3):
+            spent.clear()
+            started = time.perf_counter()
+            exe.run(**data)
+            total = (time.perf_counter() - started) * 1e3
+            parts = ", ".join(f"{tag} {spent[tag]:.2f}" + (f" (schedule {spent['schedule']:.2f})" if tag == "build" else "")
+                              for tag in ("bind", "build", "arena", "execute") if tag in spent)
+            print(f"S={s} run {k + 1}: {total:.2f} ms ({parts})")
+
+
+if __name__ == "__main__":
+    main()
