@@ -183,6 +183,7 @@ def _cpu_scatter_add(request: KernelRequest) -> Kernel:
                          _i64([uoff, ioff, 0]), uj, ij, oax, n, bound, r.count)
         if bad:  # only reachable when check_values was skipped: re-run it for the precise error
             check_gather(node, [None, inputs[1]])
+
     def warm() -> None:
         SCATTER_ADD.warm()
         SCATTER_ADD_INNER.warm()

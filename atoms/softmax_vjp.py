@@ -188,6 +188,7 @@ def _cpu_masked_softmax_vjp(request: KernelRequest) -> Kernel:
             compiled = CompiledCall(MASKED_SOFTMAX_VJP.pick(parallel), (
                 flat_input(0), flat_input(1), FLAT_OUTPUT, const_array(r.shape), const_array(r.strides),
                 const_array(_i64([0, 0, 0])), *map(const_int, (*along, n, r.count))))
+
     def warm() -> None:
         for twins in (MASKED_SOFTMAX_VJP, vector) if vector is not None else (MASKED_SOFTMAX_VJP,):
             twins.warm()
