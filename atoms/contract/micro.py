@@ -24,6 +24,7 @@ Every vector access stays inside a row of K or N elements.
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 import threading
 import weakref
 
@@ -237,16 +238,18 @@ def pack_source(dt: str, nr: int) -> Source:
                     bp[pp + kk * np.uint64({nr}) + j] = bm[qb + kk * pld + pu + j]"""
     src = Source()
     # twins, one taken per call (``par`` only keeps their arguments alike): a parallel function
-    # costs about 2 µs a call even on a plain loop (see render)
-    for name, parallel in (("pack_right", True), ("pack_right_serial", False)):
+    # costs about 2 µs a call even on a plain loop (see render); the ``_into`` pair writes a
+    # buffer the caller keeps (``KeptBuffer``) instead of a new array
+    for name, parallel, into in (("pack_right", True, False), ("pack_right_serial", False, False),
+                                 ("pack_right_into", True, True), ("pack_right_into_serial", False, True)):
         src.add(f"@njit(cache=True, nogil=True, {'parallel=True, ' if parallel else ''}error_model='numpy')")
-        with src.block(f"def {name}(bm, nb, k, n, sbb, ldb, tb, par):"):
+        with src.block(f"def {name}(bm, nb, k, n, sbb, ldb, tb, par{', bp' if into else ''}):"):
             # only the last panel of each batch has padding columns (np.zeros would be a parallel
             # loop even when par is 0); unsigned indices (pld): the copies vectorise
             src.add(f"""
                 nbb = nb if sbb != 0 else 1
                 npan = (n + {nr - 1}) // {nr}
-                bp = np.empty(nbb * k * npan * {nr}, np.{dt})
+                {'# (bp: the caller keeps it)' if into else f'bp = np.empty(nbb * k * npan * {nr}, np.{dt})'}
                 if n % {nr} != 0:
                     for q in range(nbb):
                         for i in range((q * npan + npan - 1) * k * {nr}, (q + 1) * npan * k * {nr}):
@@ -261,9 +264,11 @@ def pack_source(dt: str, nr: int) -> Source:
 
 def pack_function(dt: str, import_as: str = "pack_right", form: str = "bcast") -> str:
     """The import line of the shared ``pack_right`` of ``dt`` for ``form`` (:func:`pack_source`),
-    and of its serial twin as ``<import_as>_serial``."""
+    of its serial twin as ``<import_as>_serial``, and of the pair that packs into a given
+    buffer as ``<import_as>_into`` and ``<import_as>_into_serial``."""
     return f"from {pack_module(dt, form).__name__} import pack_right as {import_as}, " \
-           f"pack_right_serial as {import_as}_serial"
+           f"pack_right_serial as {import_as}_serial, pack_right_into as {import_as}_into, " \
+           f"pack_right_into_serial as {import_as}_into_serial"
 
 
 def pack_module(dt: str, form: str = "bcast"):
@@ -480,6 +485,30 @@ def _blocked_function(dt: str, import_as: str) -> str:
     configure_numba_cache()
     module = load_generated(src.text(), "blocked_tile")
     return f"from {module.__name__} import tile as {import_as}"
+
+
+# a right operand of at least this many bytes packed is packed, in every call, into a buffer
+# its kernel keeps per thread (``KeptBuffer``, the kernel's ``micro == 3``): a new array that
+# size is fresh pages in every call, a 64 MiB pack 14.5 ms against 2.5 into a kept buffer
+# (bench/lab/pack_buffers.py)
+KEPT_PACK_BYTES = 32 << 20
+
+
+class KeptBuffer:
+    """A buffer of ``size`` elements of ``dt`` per calling thread, which a contraction kernel
+    packs its right operand into in every call (``buffer(value)``, ``value`` unused: the
+    runner's derived-argument form); each kernel (each contraction of a plan) has its own, and
+    a thread's serves one call at a time."""
+
+    def __init__(self, size: int, dt: str):
+        self._size, self._dt = size, dt
+        self._local = threading.local()
+
+    def __call__(self, value: Any = None) -> np.ndarray:
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None:
+            buffer = self._local.buffer = np.empty(self._size, self._dt)
+        return buffer
 
 
 class ResidentPacks:

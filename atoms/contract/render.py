@@ -47,7 +47,8 @@ def uindex_code(prefix: str, kind: str, var: str) -> str:
 # The kernel's leading parameters; then one flat array per epilogue operand, the offset
 # tables, and nwork. ``a``/``b``: each operand's memory as a flat array from its first element
 # (``blas.flat_operand``), whose address BLAS takes. ``micro``: 0 BLAS tiles, 1 micro-kernel
-# tiles, 2 the same on ``bpk``, the right operand packed by the runner (see ``micro.ResidentPacks``).
+# tiles, 2 the same on ``bpk``, the right operand packed by the runner (see ``micro.ResidentPacks``),
+# 3 the kernel packs it into ``bpk``, a buffer the runner keeps (``micro.KeptBuffer``).
 KERNEL_HEAD = ["ints", "ta", "lda", "sab", "tb", "ldb", "sbb", "a", "scan_a", "b", "scan_b", "out", "micro", "bpk"]
 
 
@@ -241,12 +242,17 @@ def render_cpu_source(label: str, dt: str, out_addr: Addressing, extra_addr: Seq
         with src.block(f"def {name}({params}):"):
             src.add(f"nb = ints[{I_NB}]", f"n = ints[{I_N}]", f"k = ints[{I_K}]", f"form = ints[{I_FORM}]")
             src.add("bp = bpk")
-            if packing:  # bcast: the right operand packed in panels first
+            twin = "" if parallel else "_serial"
+            if packing:  # bcast: the right operand packed in panels first (3: into bpk)
                 with src.block("if micro == 1 and (form == 2 or form == 3):"):
-                    src.add(f"bp = _pack_right{'' if parallel else '_serial'}(b, nb, k, n, sbb, ldb, tb, ints[{I_PAR}])")
+                    src.add(f"bp = _pack_right{twin}(b, nb, k, n, sbb, ldb, tb, ints[{I_PAR}])")
+                with src.block("elif micro == 3 and (form == 2 or form == 3):"):
+                    src.add(f"bp = _pack_right_into{twin}(b, nb, k, n, sbb, ldb, tb, ints[{I_PAR}], bpk)")
             if wide:  # blocked: in its own panels
                 with src.block("if micro == 1 and form == 4:"):
-                    src.add(f"bp = _pack_wide{'' if parallel else '_serial'}(b, nb, k, n, sbb, ldb, tb, ints[{I_PAR}])")
+                    src.add(f"bp = _pack_wide{twin}(b, nb, k, n, sbb, ldb, tb, ints[{I_PAR}])")
+                with src.block("elif micro == 3 and form == 4:"):
+                    src.add(f"bp = _pack_wide_into{twin}(b, nb, k, n, sbb, ldb, tb, ints[{I_PAR}], bpk)")
             # the ticket: the next tile (workers take tiles dynamically)
             src.add("counts = np.empty(nwork, np.int64)", "ticket = np.zeros(1, np.int64)")
             with src.block(f"for w in {'prange' if parallel else 'range'}(nwork):"):

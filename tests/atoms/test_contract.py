@@ -647,6 +647,67 @@ def test_a_short_blocked_product_in_column_tiles_is_the_row_tiles_bit_for_bit(mo
         close(got[0], base + reference(node, a, b) * align_to(factor, ft, ot), 520)
 
 
+@pytest.mark.parametrize("form, m, k, n", [("blocked", 70, 300, 200), ("blocked", 9, 257, 130),
+                                           ("bcast", 40, 48, 300)])
+def test_a_large_right_operand_is_packed_into_a_kept_buffer_with_the_same_bits(monkeypatch, form, m, k, n):
+    """Past KEPT_PACK_BYTES (lowered here) the kernel packs its right operand into a buffer the
+    runner keeps per thread (``micro == 3``), in every call, on Python launches and in a
+    compiled call alike: the bits of the in-kernel pack into a new array; a second call over
+    other values reuses the buffer and sees only its own values."""
+    from collections import OrderedDict
+
+    from atoms.contract import micro
+
+    node = bind([("k", "k")], "ij", T("ik", (m, k)), T("kj", (k, n)))
+    rng = np.random.default_rng(m)
+    a, b = random_array(rng, node.input_types[0]), random_array(rng, node.input_types[1])
+    b2 = random_array(rng, node.input_types[1])
+    force_form(monkeypatch, form)
+    got = {}
+    for kept in (False, True):
+        monkeypatch.setattr(micro, "KEPT_PACK_BYTES", 1 if kept else 1 << 60)
+        monkeypatch.setattr(render, "_SOURCES", OrderedDict())
+        kernel = CONTRACT.kernels["cpu"](request_for(node, EMPTY_EPILOGUE))
+        params = kernel.compiled.params  # (12: micro, 13: bpk; factory._compiled_call)
+        assert (params[12].value, params[13].kind) == ((3, "derived") if kept else (1, "array"))
+        for which, right in (("first", b), ("second", b2)):
+            out = np.empty((m, n), np.float32)
+            kernel([a, right], [], out)
+            got[kept, which] = out
+    for which, right in (("first", b), ("second", b2)):
+        assert np.array_equal(got[True, which], got[False, which])
+        close(got[True, which], reference(node, a, right), k)
+
+
+def test_a_kept_pack_buffer_in_a_compiled_driver(monkeypatch):
+    """The same in a plan's compiled driver (the buffer a derived argument): two products with
+    large right operands in one driver each pack into their own buffer."""
+    import runtime
+    from atoms.contract import micro
+    from runtime.execution.compiled import DRIVER_AFTER_RUNS
+    from runtime.testing import ProgramBuilder
+
+    monkeypatch.setattr(micro, "KEPT_PACK_BYTES", 1)
+    b = ProgramBuilder()
+    x, w1, w2 = b.input("x", {"M": 40, "K": 300}), b.input("w1", {"K": 300, "N": 260}), b.input("w2", {"N": 260, "P": 270})
+    f32 = {"accumulation_dtype": "float32"}
+    h = b.op("contract", [x, w1], {"reduce_axes": [["K", "K"]], "output_axes": ["M", "N"], **f32})
+    y = b.op("contract", [h, w2], {"reduce_axes": [["N", "N"]], "output_axes": ["M", "P"], **f32})
+    prog = b.build(outputs=[y])
+    rng = np.random.default_rng(4)
+    inputs = {k: rng.standard_normal(v).astype(np.float32) for k, v in (("x", (40, 300)), ("w1", (300, 260)),
+                                                                          ("w2", (260, 270)))}
+    want = inputs["x"].astype(np.float64) @ inputs["w1"] @ inputs["w2"]
+    exe = runtime.compile(prog, "cpu", tiered=False)
+    for _ in range(DRIVER_AFTER_RUNS):
+        exe.run(inputs=inputs)
+    assert exe.wait_compiled()
+    compiled = next(iter(exe._plans.values()))
+    assert compiled.driver_error is None
+    got = exe.run(inputs=inputs)[y]
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-3)
+
+
 @pytest.mark.parametrize("m, k, n", [(9, 300, 200), (64, 257, 130)])
 def test_the_blocked_tile_prefetches_the_next_panel_slice_and_computes_the_same_bits(monkeypatch, m, k, n):
     """BLOCKED_PREFETCH: each strip prefetches a share of the next panel's K slice (or the
