@@ -86,6 +86,20 @@ def assert_backends_agree(program, inputs=None, banks=None, backends: Sequence[s
     return expected
 
 
+def warm_drivers(exe, inputs=None, banks=None):
+    """Run ``exe`` on these values until its compiled drivers build (its kernels compile on the
+    first run), wait for them, fail if one failed to build, and return the plans it compiled
+    (a test then runs the values through the drivers)."""
+    from runtime.execution.compiled import DRIVER_AFTER_RUNS
+
+    for _ in range(DRIVER_AFTER_RUNS):
+        exe.run(inputs=inputs, banks=banks)
+    assert exe.wait_compiled() is not False
+    plans = list(exe._plans.values())
+    assert all(c.driver_error is None for c in plans), [c.driver_error for c in plans]
+    return plans
+
+
 def run_kernel(spec, attributes, types: Sequence[TensorType], values: Sequence[np.ndarray],
                backend: str = "reference") -> np.ndarray:
     """One atom's kernel on one backend, outside any program: bind the node from ``types``,

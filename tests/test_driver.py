@@ -13,7 +13,7 @@ import runtime
 from runtime.core import settings as runtime_settings  # (hypothesis owns `settings` here)
 from runtime.execution.driver import _all_of
 from runtime.execution.compiled import DRIVER_AFTER_RUNS
-from runtime.testing import ProgramBuilder, assert_backends_agree, random_values
+from runtime.testing import ProgramBuilder, assert_backends_agree, random_values, warm_drivers
 
 SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-lora-silu.program.json"
 
@@ -173,9 +173,7 @@ def norm_values(s: int, seed: int = 0):
 
 def warmed(exe, inputs, banks):
     """Runs until the drivers build (the kernels compile on the first), then wait for them."""
-    for _ in range(DRIVER_AFTER_RUNS):
-        exe.run(inputs=inputs, banks=banks)
-    assert exe.wait_compiled() and all(c.driver_error is None for c in exe._plans.values())
+    warm_drivers(exe, inputs, banks)
 
 
 def driven_and_launched(exe, inputs, banks):

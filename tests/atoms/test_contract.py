@@ -684,8 +684,7 @@ def test_a_kept_pack_buffer_in_a_compiled_driver(monkeypatch):
     large right operands in one driver each pack into their own buffer."""
     import runtime
     from atoms.contract import micro
-    from runtime.execution.compiled import DRIVER_AFTER_RUNS
-    from runtime.testing import ProgramBuilder
+    from runtime.testing import ProgramBuilder, warm_drivers
 
     monkeypatch.setattr(micro, "KEPT_PACK_BYTES", 1)
     b = ProgramBuilder()
@@ -699,11 +698,8 @@ def test_a_kept_pack_buffer_in_a_compiled_driver(monkeypatch):
                                                                           ("w2", (260, 270)))}
     want = inputs["x"].astype(np.float64) @ inputs["w1"] @ inputs["w2"]
     exe = runtime.compile(prog, "cpu", tiered=False)
-    for _ in range(DRIVER_AFTER_RUNS):
-        exe.run(inputs=inputs)
-    assert exe.wait_compiled()
-    compiled = next(iter(exe._plans.values()))
-    assert compiled.driver_error is None
+    (compiled,) = warm_drivers(exe, inputs)
+    assert compiled.driver() is not None
     got = exe.run(inputs=inputs)[y]
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-3)
 

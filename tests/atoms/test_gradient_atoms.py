@@ -14,7 +14,7 @@ import runtime
 from atoms._grad import FILL_REF, MASKED_SOFTMAX_VJP_REF, SCALAR_MAP_VJP_REF, SLICE_VJP_REF, WINDOW_VJP_REF
 from runtime.core.errors import FormulaError
 from runtime.core.types import numpy_dtype
-from runtime.testing import ProgramBuilder, TOLERANCES, assert_backends_agree, real_cuda
+from runtime.testing import ProgramBuilder, TOLERANCES, assert_backends_agree, real_cuda, warm_drivers
 from tests.atoms.gradient_helpers import (F32, INF, INS, SLICE, SPEC, T, WIN, execute, expect, infer, run, softmax,
                                           window_attrs)
 
@@ -293,8 +293,6 @@ def test_formula_atoms_lists_them(capsys):
 def test_a_gradient_program_runs_as_one_compiled_call():
     """The cpu kernels of fill, masked-softmax-vjp, slice-vjp and window-vjp say how compiled
     code calls them: a plan of them is one driver segment, equal to its Python launches."""
-    from runtime.execution.compiled import DRIVER_AFTER_RUNS
-
     b = ProgramBuilder()
     x = b.input("x", {"B": 3, "N": 7})
     g = b.input("g", {"B": 3, "N": 7})
@@ -310,11 +308,7 @@ def test_a_gradient_program_runs_as_one_compiled_call():
     inputs = {k: rng.standard_normal(v).astype(np.float32) for k, v in (("x", (3, 7)), ("g", (3, 7)),
                                                                         ("c", (3, 3, 3)))}
     exe = runtime.compile(prog, "cpu", tiered=False)
-    for _ in range(DRIVER_AFTER_RUNS):
-        exe.run(inputs=inputs)
-    assert exe.wait_compiled()
-    compiled = next(iter(exe._plans.values()))
-    assert compiled.driver_error is None
+    (compiled,) = warm_drivers(exe, inputs)
     assert all(launch.kernel.compiled is not None for launch in compiled.launches), \
         [launch.nodes[0].atom.name for launch in compiled.launches if launch.kernel.compiled is None]
     driver = compiled.driver()
