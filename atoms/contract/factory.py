@@ -76,19 +76,18 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
     guard = single_threaded_blas() if (parallel or tm * n * k > 4 * 65536) else None
     # a micro-kernel call makes no BLAS call at all when no tile is a gemv one: then no guard
     micro_guard = guard if min(tm, m - (-(-m // tm) - 1) * tm) <= GEMV_ROWS else None
-    # the right operand's bpk, by the runner: (the kernel's micro code, value -> bpk), or None
-    packs = None
+    packs = kept = None
     got = static[1]
     if form in ("bcast", "blocked") and got is not None and got[2]:
-        if 1 in request.resident:  # resident: packed once per value (2)
+        if 1 in request.resident:  # resident: pack once per value
             module = micro.pack_module(dt, form)
-            packs = 2, micro.ResidentPacks(Twins(module.pack_right_serial, module.pack_right).pick(parallel), nb, k,
-                                           n, got[0], int(parallel))
-        else:  # large: the kernel packs it into a buffer kept per thread (3)
+            packs = micro.ResidentPacks(Twins(module.pack_right_serial, module.pack_right).pick(parallel), nb, k, n,
+                                        got[0], int(parallel))
+        else:  # large: packed in every call into a buffer kept per thread
             cols = micro.panel_columns(form, dt)
             size = (nb if got[0][2] != 0 else 1) * k * -(-n // cols) * cols
             if size * np.dtype(dt).itemsize >= micro.KEPT_PACK_BYTES:
-                packs = 3, micro.KeptBuffer(size, dt)
+                kept = micro.KeptBuffer(size, dt)
     no_pack = np.empty(0, dt)
 
     def run(inputs: Sequence[np.ndarray], extras: Sequence[np.ndarray], out: np.ndarray):
@@ -110,7 +109,9 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
         use_micro = int(form is not None and micro.usable(form, ta, tb) and a_whole and b_whole)
         bpk = no_pack
         if use_micro and packs is not None and inputs[1].flags.c_contiguous:
-            use_micro, bpk = packs[0], packs[1](inputs[1])
+            use_micro, bpk = 2, packs(inputs[1])
+        elif use_micro and kept is not None and inputs[1].flags.c_contiguous:
+            use_micro, bpk = 3, kept()
         args = (ints, ta, lda, sab, tb, ldb, sbb, a, int(scan_left and a_c), b, int(scan_right and b_whole),
                 out.reshape(-1), use_micro, bpk, *xs, *tables, nwork)
         call_guard = micro_guard if use_micro else guard
@@ -123,12 +124,12 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
 
     compiled = _compiled_call(kernel, guard, micro_guard, form, (lt, rt), (low.left_order, low.right_order),
                               ((nb, m, k), (nb, k, n)), dt, epilogue, out_type, scan_left, scan_right,
-                              ints, tables, nwork, packs, no_pack)
+                              ints, tables, nwork, packs, no_pack, kept)
     return Kernel(run, Counts(inputs=scanned, extras=tuple(checked), outputs=values), compiled, twins.warm)
 
 
 def _compiled_call(kernel, guard, micro_guard, form, types, orders, shapes, dt, epilogue, out_type, scan_left, scan_right,
-                   ints, tables, nwork, packs, no_pack) -> CompiledCall | None:
+                   ints, tables, nwork, packs, no_pack, kept=None) -> CompiledCall | None:
     """``run``'s kernel arguments, as :mod:`runtime.execution.driver` passes them, for C-contiguous operands:
     None when such an operand would still be copied or scanned in Python (see ``run``)."""
     operands = []
@@ -146,7 +147,9 @@ def _compiled_call(kernel, guard, micro_guard, form, types, orders, shapes, dt, 
     c = calls.const_int
     bpk = calls.const_array(no_pack)
     if use_micro and packs is not None:
-        use_micro, bpk = packs[0], calls.derived_input(1, packs[1])
+        use_micro, bpk = 2, calls.derived_input(1, packs)
+    elif use_micro and kept is not None:
+        use_micro, bpk = 3, calls.derived_input(1, kept)
     params = (calls.const_array(ints), *map(c, la), *map(c, lb), calls.flat_input(0), c(scan_left),
               calls.flat_input(1), c(scan_right), calls.FLAT_OUTPUT, c(use_micro), bpk,
               *(calls.flat_extra(j) for j in range(len(epilogue.extra_types))),

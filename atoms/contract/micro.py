@@ -504,7 +504,7 @@ class KeptBuffer:
         self._size, self._dt = size, dt
         self._local = threading.local()
 
-    def __call__(self, value: Any) -> np.ndarray:
+    def __call__(self, value: Any = None) -> np.ndarray:
         buffer = getattr(self._local, "buffer", None)
         if buffer is None:
             buffer = self._local.buffer = np.empty(self._size, self._dt)
