@@ -256,6 +256,53 @@ def test_finiteness_of_an_epilogue_operand_is_checked_by_the_kernel_that_reads_i
                                rtol=1e-4, atol=1e-3)
 
 
+def test_the_first_run_at_a_new_extent_leaves_the_finiteness_its_kernels_count_to_them(monkeypatch):
+    """A new structure (a new extent) is bound without the finiteness passes: the plan built
+    or found for it says which floats its kernels count as they read them, and only the others
+    are scanned before it runs. So a new extent scans no bank twice, and a non-finite value
+    met there is still named, at its path and index, and never reaches an ``out`` array."""
+    from runtime.execution import bindings
+
+    exe = runtime.compile(SEED, "cpu", tiered=False)
+    inputs, banks = seed_values(T=4)
+    exe.run(inputs=inputs, banks=banks)
+    scanned = []
+    plain = bindings._all_finite
+    monkeypatch.setattr(bindings, "_all_finite", lambda a: scanned.append(a) or plain(a))
+    inputs5, _ = seed_values(T=5)
+    got = exe.run(inputs=inputs5, banks=banks)["%4"]
+    np.testing.assert_allclose(got, expected(inputs5, banks), rtol=1e-4, atol=1e-3)
+    assert not any(a is v for a in scanned for v in (*inputs5.values(), *banks.values()) if v.ndim)
+    for T, kind, name, where in ((6, "banks", "lora.B", (5, 31)), (7, "inputs", "x", (0, 6, 1000)),
+                                 (8, "inputs", "base", (0, 0, 3))):
+        fresh, _ = seed_values(T=T)
+        values = {"inputs": fresh, "banks": dict(banks)}
+        bad = values[kind][name].copy()
+        bad[where] = np.inf
+        values[kind][name] = bad
+        sentinel = np.full((1, T, 1024), 7.0, np.float32)
+        with pytest.raises(runtime.FormulaError) as err:  # with out=: checked before any kernel
+            exe.run(**values, out={"%4": sentinel})
+        assert (err.value.code, err.value.path) == ("nonfinite", f"$.{kind}.{name}")
+        assert str(list(where)) in err.value.message
+        np.testing.assert_array_equal(sentinel, 7.0)
+        with pytest.raises(runtime.FormulaError) as err:  # again: now counted by the kernels
+            exe.run(**values)
+        assert (err.value.code, err.value.path) == ("nonfinite", f"$.{kind}.{name}")
+    b = ProgramBuilder()  # a lookup's kernel reads only the rows it is asked for: it counts nothing
+    table, ids = b.input("table", {"V": 6, "D": 4}), b.input("ids", {"T": "T"}, dtype="int64")
+    lookup = runtime.compile(b.build(outputs=[b.op("lookup", [table, ids], {"table_axis": "V",
+                                                                          "output_axes": ["T", "D"]})]),
+                             "cpu", tiered=False)
+    rows = np.arange(24, dtype=np.float32).reshape(6, 4)
+    lookup.run(inputs={"table": rows, "ids": np.arange(3)})
+    bad = rows.copy()
+    bad[5, 2] = np.nan  # a row no id reads, at a new extent
+    with pytest.raises(runtime.FormulaError) as err:
+        lookup.run(inputs={"table": bad, "ids": np.arange(4)})
+    assert (err.value.code, err.value.path) == ("nonfinite", "$.inputs.table") and "[5, 2]" in err.value.message
+
+
 @pytest.mark.parametrize("tokens, row", [(300, 0), (300, 127), (300, 128), (300, 299), (263, 259), (263, 262)])
 def test_the_left_operand_scan_covers_every_tile(tokens, row):
     """x·Aᵀ checks x's rows through their sums (``atoms.contract.render._scan_after``), tile by tile: a bad

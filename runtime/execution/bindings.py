@@ -51,14 +51,18 @@ class BoundValues:
 
 
 def bind_values(program, inputs: Mapping[str, Any] | None, banks: Any,
-                memory_limit: int | None = None, whole_working: bool = True) -> BoundValues:
+                memory_limit: int | None = None, whole_working: bool = True,
+                check_finite: bool = True) -> BoundValues:
     """Check ``inputs``/``banks`` against the program's bindings (every SPEC §4 rule).
     Resident banks (``runtime.execution.resident``) were checked when loaded: only the inputs are,
     with the extents the banks fix. Shapes, dtypes and every limit (the program's and the
     runtime's ``memory_limit``) are checked for all values before any pass over their data.
     ``whole_working=False`` (a chunked run, which preflights each slice instead): the values
-    together are not held to ``max_working_bytes`` and the ceiling."""
+    together are not held to ``max_working_bytes`` and the ceiling. ``check_finite=False``: the
+    finiteness of host float arrays is left to the caller (named in ``unchecked``), who checks
+    those that the plan's kernels do not count as they read them (``Executor._run_bound``)."""
     inputs = _mapping(inputs, "$.inputs", "inputs")
+    unchecked: set[str] | None = None if check_finite else set()
     resident = banks if isinstance(banks, ResidentBanks) else None
     symbols = _Symbols()
     if resident is not None:
@@ -69,16 +73,17 @@ def bind_values(program, inputs: Mapping[str, Any] | None, banks: Any,
         floating = [v.dtype for name, v in resident.owned.items()
                     if program.binding(name).value_type.dtype == "floating"]
         values = _check_all(program.input_bindings, inputs, (None, {}), symbols, floating,
-                            program.limits, memory_limit, resident.owned.values(), whole_working)
+                            program.limits, memory_limit, resident.owned.values(), whole_working, unchecked)
         values.update(resident.owned)
     else:
         source = _bank_source(banks)
         _check_keys(program, inputs, program.input_bindings, "$.inputs", "input")
         _check_bank_keys(program, source)
         values = _check_all(program.bindings, inputs, source, symbols, (), program.limits, memory_limit,
-                            whole_working=whole_working)
+                            whole_working=whole_working, unchecked=unchecked)
     ordered = {b.name: values[b.name] for b in program.bindings}
     return BoundValues(ordered, dict(symbols.dims), sum(a.nbytes for a in ordered.values()),
+                       unchecked=frozenset(unchecked or ()),
                        resident=resident.on_backend if resident is not None else NO_RESIDENT)
 
 
@@ -111,13 +116,15 @@ def _check_bank_keys(program, source) -> None:
 
 def _check_all(bindings, inputs: Mapping, source, symbols: "_Symbols",
                floating_known: Sequence[np.dtype], limits, memory_limit: int | None,
-               bound_before=(), whole_working: bool = True) -> dict[str, np.ndarray]:
+               bound_before=(), whole_working: bool = True,
+               unchecked: set[str] | None = None) -> dict[str, np.ndarray]:
     """Every value of ``bindings`` checked. ``floating_known``: the dtypes of the run's
     ``floating`` values checked before (they count for the dtype a Python number takes).
     Two phases: rank, extents, dtype and every size limit for all values, then the passes
     over data (byte order, finiteness, fingerprints), so a value declaring 2³¹ elements is
     refused for its size before anything reads it. ``bound_before``: values bound already
-    (resident banks) that count toward the working bytes."""
+    (resident banks) that count toward the working bytes. ``unchecked``: a set to collect the
+    host float arrays whose finiteness is left to the caller; None checks every one here."""
     store, bank_map = source
     arrays: dict[str, tuple[Any, np.ndarray, str]] = {}
     deferred: list[tuple[Any, Any, str]] = []  # Python numbers for 0-d 'floating' bindings
@@ -141,7 +148,7 @@ def _check_all(bindings, inputs: Mapping, source, symbols: "_Symbols",
     total = sum(a.nbytes for _, a, _ in arrays.values()) + sum(a.nbytes for a in bound_before)
     if whole_working:
         check_working(total, limits, memory_limit, "the bound values alone")
-    values = {name: _check_data(b, a, path) for name, (b, a, path) in arrays.items()}
+    values = {name: _check_data(b, a, path, unchecked) for name, (b, a, path) in arrays.items()}
 
     if deferred:
         floats = {b.name for b in bindings if b.value_type.dtype == "floating"}
@@ -254,12 +261,15 @@ def _check_structure(binding, raw: Any, path: str, symbols: "_Symbols") -> np.nd
     return a
 
 
-def _check_data(binding, a, path: str) -> np.ndarray:
-    """The passes over the data: byte order, finiteness, the asset fingerprint."""
+def _check_data(binding, a, path: str, unchecked: set[str] | None = None) -> np.ndarray:
+    """The passes over the data: byte order, finiteness (left to the caller for a host array
+    when ``unchecked`` collects names), the asset fingerprint."""
     got = formula_dtype(a.dtype)
     if not a.dtype.isnative:  # kernels read native byte order; converting keeps every value
         a = a.astype(a.dtype.newbyteorder("="))
-    if got in FLOAT_DTYPES and not _all_finite(a):
+    if got in FLOAT_DTYPES and unchecked is not None and isinstance(a, np.ndarray) and a.ndim:
+        unchecked.add(binding.name)
+    elif got in FLOAT_DTYPES and not _all_finite(a):
         host = a.copy_to_host() if is_device_array(a) else a  # only to name the bad element
         bad = ~_isfinite(host)
         a = host
@@ -399,18 +409,21 @@ class Binder:
         if not (self._eligible or resident is not None):
             return bind_values(self.program, inputs, banks, self.memory_limit)
         same = self._key(inputs, banks, resident, like=self._last[0]) if self._last is not None else None
+        if same is None:
+            got = self._key(inputs, banks, resident)
+            if got is None:
+                return bind_values(self.program, inputs, banks, self.memory_limit)
+            if self._last is not None and got[0] == self._last[0]:  # (equal dtypes, distinct objects)
+                same = got
         if same is not None:
             fast = self._fast(same[1], resident)
-            if fast is not None:
-                return fast
-        got = self._key(inputs, banks, resident)
-        if got is not None and self._last is not None and got[0] == self._last[0]:
-            fast = self._fast(got[1], resident)  # (equal dtypes that are distinct objects)
-            if fast is not None:
-                return fast
-        bound = bind_values(self.program, inputs, banks, self.memory_limit)
-        if got is not None:
-            self._last = (got[0], bound, [None, ()])
+            # (else the last structure holds a non-finite value: the full path names it)
+            return fast if fast is not None else bind_values(self.program, inputs, banks, self.memory_limit)
+        # a new structure: its plan (built or found next) says which floats its kernels count as
+        # they read them; the executor checks the others (a new extent scans no bank twice)
+        bound = bind_values(self.program, inputs, banks, self.memory_limit, check_finite=False)
+        bound.structure = got[0]
+        self._last = (got[0], bound, [None, ()])
         return bound
 
     def _key(self, inputs: Any, banks: Any, resident: ResidentBanks | None, like: tuple | None = None):
