@@ -378,3 +378,10 @@ def test_the_driver_runs_the_fused_kernel_with_each_runs_mask(mask_axes, chain, 
         want = ref.run(inputs)
         for slot, w in want.items():
             np.testing.assert_allclose(got[slot], w, rtol=1e-5, atol=1e-5, err_msg=f"{mask} {slot}")
+
+
+def test_one_attention_kernel_serves_every_plan_of_its_dtype_and_chain():
+    """Plans at new extents take the kernel (and the parallel module) that the first loaded."""
+    assert ak.attention_kernel("float32") is ak.attention_kernel("float32")
+    assert ak.attention_kernel("float32") is not ak.attention_kernel("float64")
+    assert ak.attention_kernel("float32", ["x = x * cs[0]"], 1) is not ak.attention_kernel("float32")

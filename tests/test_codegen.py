@@ -222,3 +222,21 @@ def test_dynamic_tasks_run_every_task_exactly_once(count, chunks):
     hits = np.zeros(count, np.int64)
     run(hits)
     assert (hits == 1).all()
+
+
+def test_kernels_of_one_source_share_their_parallel_twin():
+    """A plan at a new extent builds its kernels again: each takes the parallel twin that an
+    earlier kernel of the same serial source loaded, without rendering its source again."""
+    (epilogue, _), _ = seed_chain([2, 3])
+    made = []
+
+    def source(parallel: bool, tag: str = "") -> str:
+        made.append(parallel)
+        return cpu_codegen.render(f"twin test {tag}", [("out", "float32", 1, True)],
+                                  cpu_codegen.loop_nest(["out.shape[0]"], ["out[i0] = 1.0"], parallel), parallel)
+
+    first = cpu_codegen.NestKernel("ew", source)
+    second = cpu_codegen.NestKernel("ew", source)
+    assert first.parallel() is second.parallel() and made == [False, False, True]
+    other = cpu_codegen.NestKernel("ew", lambda parallel: source(parallel, "other"))
+    assert other.parallel() is not first.parallel() and made[-1] is True  # another source: its own

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -144,16 +145,27 @@ class NestKernel:
     warmed once runs any later extent of its symbolic axes without compiling (the executor
     warms a plan's kernels in the background, see ``runtime.execution.tiers``)."""
 
+    # the parallel twin of each serial module loaded (by its name, a digest of its source: a
+    # twin's source follows from the serial one's), shared by the kernels of every plan: a
+    # plan at a new extent takes the twin the last plan loaded instead of rendering it again
+    _twins: dict[str, Any] = {}
+
     def __init__(self, prefix: str, make_source):
         self._make_source = make_source
         self._prefix = prefix
         configure_numba_cache()
-        self.serial = load_generated(make_source(False), prefix).kernel
+        module = load_generated(make_source(False), prefix)
+        self.serial = module.kernel
+        self._key = module.__name__
         self._parallel = None
 
     def parallel(self):
         if self._parallel is None:
-            self._parallel = load_generated(self._make_source(True), self._prefix + "_par").kernel
+            twin = NestKernel._twins.get(self._key)
+            if twin is None:
+                twin = NestKernel._twins[self._key] = load_generated(self._make_source(True),
+                                                                     self._prefix + "_par").kernel
+            self._parallel = twin
         return self._parallel
 
     def warm(self) -> None:

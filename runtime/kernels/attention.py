@@ -360,6 +360,24 @@ def _source(dt: str, chain: Sequence[str], parallel: bool, scalars: int = 0) -> 
     return "\n".join(vmath.with_imports(src.module_lines())) + "\n"
 
 
+_kernels: dict[tuple, "AttentionKernel"] = {}
+_kernels_lock = threading.Lock()
+
+
+def attention_kernel(dt: str, chain: Sequence[str] = (), scalars: int = 0) -> "AttentionKernel":
+    """The process's one :class:`AttentionKernel` of ``dt``, ``chain`` and ``scalars``: a plan
+    at a new extent takes the modules the last one loaded (its source is the same text, and
+    rendering it again cost a new extent's first run 0.6 ms)."""
+    key = (dt, tuple(chain), scalars)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        with _kernels_lock:
+            kernel = _kernels.get(key)
+            if kernel is None:
+                kernel = _kernels[key] = AttentionKernel(dt, chain, scalars)
+    return kernel
+
+
 class AttentionKernel:
     """The compiled kernel for one dtype and chain (of ``scalars`` scalars): a serial entry and
     a parallel twin, each with its ``call`` for compiled callers."""

@@ -196,7 +196,7 @@ def _cpu(request: KernelRequest) -> Kernel:
     if not form.chain.empty:
         lines, result = form.chain.emit("x", [f"cs[{k}]" for k in range(form.chain.n_extra)], cpu=True)
         chain = lines + [f"x = {result}"]
-    kernel = ak.AttentionKernel(form.dtype, chain, form.chain.n_extra)
+    kernel = ak.attention_kernel(form.dtype, chain, form.chain.n_extra)
     dtype = np.dtype(form.dtype)
     order, _ = keepdims_order(mt, form.scores)
     cache: dict = {}
