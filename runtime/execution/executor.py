@@ -24,7 +24,7 @@ from runtime.execution.chunked import Chunker, check_chunks
 from runtime.execution.compiled import CompiledPlan, PlanBuilder
 from runtime.execution.launches import Launcher, check_values, host_values
 from runtime.execution.outputs import check_out
-from runtime.execution.plancache import PlanCache
+from runtime.execution.plancache import PlanCache, plan_key
 from runtime.execution.resident import ResidentBanks
 from runtime.execution.tiers import Tiers, tiered_default
 from runtime.kernels import compilelog
@@ -207,7 +207,9 @@ class Executable:
             compiled = last[1]
         else:
             compiled = self._by_structure.get(bound.structure) if bound.structure is not None else None
-            if compiled is None:
+            if compiled is not None:  # (its plan is the latest used too: the plan cache keeps it longest)
+                self._plans.get(plan_key(bound.dims, self._float_dtypes(bound), frozenset(bound.resident)))
+            else:
                 compiled = self._compiled_for(bound)
                 if compiled is None:  # tiered: its kernels are compiling; this run on reference's
                     return self._tiers.fallback_run(inputs, banks, trace, out)
