@@ -78,6 +78,48 @@ def test_runs_alternating_between_extents_each_take_their_own_plan():
     assert len(exe._plans) == 2
 
 
+def test_a_new_extent_takes_the_idle_arena_of_another_when_it_is_large_enough():
+    """A plan's first run takes the idle arena of another extent's plan when its own is large
+    (fresh memory faults in each page on its first touch), and never one too small: every run
+    computes what the reference does, whichever plan's arena it uses."""
+    from runtime.execution.compiled import TAKE_ARENA_BYTES
+
+    b = ProgramBuilder()
+    x, w1, w2 = b.input("x", {"T": "T", "D": 512}), b.bank("w1", {"F": 512, "D": 512}), b.bank("w2", {"E": 64, "F": 512})
+    h = b.op("contract", [x, w1], {"reduce_axes": [["D", "D"]], "output_axes": ["T", "F"],
+                                   "accumulation_dtype": "float32"})
+    y = b.op("contract", [b.op("scalar-map", [h], {"mode": "gelu"}), w2],
+             {"reduce_axes": [["F", "F"]], "output_axes": ["T", "E"], "accumulation_dtype": "float32"})
+    program = b.build([y])
+    exe, ref = runtime.compile(program, "cpu", tiered=False), runtime.compile(program, "reference")
+    rng = np.random.default_rng(0)
+    banks = {"w1": rng.standard_normal((512, 512), np.float32) / 20, "w2": rng.standard_normal((64, 512), np.float32) / 20}
+
+    made = []
+    allocate = exe._builder.backend.allocate
+    exe._builder.backend.allocate = lambda nbytes: made.append(nbytes) or allocate(nbytes)
+
+    def run(T):
+        inputs = {"x": rng.standard_normal((T, 512), np.float32)}
+        np.testing.assert_allclose(exe.run(inputs=inputs, banks=banks)[y], ref.run(inputs=inputs, banks=banks)[y],
+                                   rtol=1e-4, atol=1e-4)
+        plan = next(c for k, c in exe._plans.items() if dict(k.dims)["T"] == T)
+        assert plan.plan.arena_bytes >= TAKE_ARENA_BYTES
+        (raw,) = plan._raw.values()
+        assert raw.size >= plan.plan.arena_bytes
+        return raw
+
+    try:
+        first = run(1024)
+        assert run(900) is first and len(made) == 1  # taken: the 1024 plan's arena is idle and large enough
+        grown = run(1100)  # none idle is large enough: its own
+        assert grown is not first and len(made) == 2
+        assert all(any(run(T) is r for r in (first, grown)) for T in (1024, 900)) and len(made) == 2
+        assert run(900) is run(900)  # (its own idle arena first, once it has one)
+    finally:
+        exe._builder.backend.allocate = allocate
+
+
 def test_trace_names_groups_atoms_times_and_bytes():
     inputs, banks = seed_values()
     res = runtime.execute(SEED, inputs=inputs, banks=banks, trace=True)
