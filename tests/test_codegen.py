@@ -240,3 +240,19 @@ def test_kernels_of_one_source_share_their_parallel_twin():
     assert first.parallel() is second.parallel() and made == [False, False, True]
     other = cpu_codegen.NestKernel("ew", lambda parallel: source(parallel, "other"))
     assert other.parallel() is not first.parallel() and made[-1] is True  # another source: its own
+
+
+def test_an_elementwise_kernel_of_the_same_chain_at_another_extent_is_the_same_kernel():
+    """A plan at a new extent asks for the same chain's kernel again: it gets the one made
+    before, its source neither rendered nor hashed again (``NestKernel.shared``)."""
+    made = []
+    render = cpu_codegen.render
+    (epilogue, _), _ = seed_chain([2, 3])
+    first = cpu_codegen.elementwise_kernel(KernelRequest(None, epilogue))
+    cpu_codegen.render = lambda *a, **k: made.append(1) or render(*a, **k)
+    try:
+        (epilogue5, _), _ = seed_chain([5, 3])
+        again = cpu_codegen.elementwise_kernel(KernelRequest(None, epilogue5))
+    finally:
+        cpu_codegen.render = render
+    assert made == [] and again.warm.__self__ is first.warm.__self__

@@ -159,6 +159,18 @@ class NestKernel:
         self._key = module.__name__
         self._parallel = None
 
+    _shared: dict[tuple, "NestKernel"] = {}
+
+    @classmethod
+    def shared(cls, prefix: str, key: tuple, make_source) -> "NestKernel":
+        """The process's one kernel of ``key`` (hashable: everything its source depends on),
+        made from ``make_source`` the first time: a plan at a new extent neither renders its
+        source again nor hashes it."""
+        kernel = cls._shared.get((prefix, key))
+        if kernel is None:
+            kernel = cls._shared.setdefault((prefix, key), cls(prefix, make_source))
+        return kernel
+
     def parallel(self):
         if self._parallel is None:
             twin = NestKernel._twins.get(self._key)
@@ -264,8 +276,9 @@ def elementwise_kernel(request: KernelRequest) -> Kernel:
     label = f"elementwise {epilogue.key}{f' counting {checked}' if checked else ''}" \
             f"{' checking values' if values else ''} -> {out_dt} rank {rank}" + \
             (f" in-out {list(request.output_extras)}" if request.output_extras else "")
-    kernel = NestKernel("ew", lambda par: render(label, args, loop_nest(dims, body, par, flag), par,
-                                                 "int64" if flag else "void"))
+    kernel = NestKernel.shared("ew", (label, tuple(args), tuple(dims), tuple(body), flag),
+                               lambda par: render(label, args, loop_nest(dims, body, par, flag), par,
+                                                  "int64" if flag else "void"))
 
     def run(inputs: Sequence[np.ndarray], extras: Sequence[np.ndarray], out: np.ndarray) -> int | None:
         arrays = [contiguous(x, sl, cs) for x, (sl, cs) in zip(extras, prepare)]
