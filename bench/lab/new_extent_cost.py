@@ -3,7 +3,7 @@ bench/first_result.py (``new_extent``), warmed at S=64, then at each new S the f
 into the binding checks, the plan build (its schedule part apart), taking the arena and the
 execution, against the same run's next two.
 
-    python bench/lab/new_extent_cost.py [--extents 100,300,77]
+    python bench/lab/new_extent_cost.py [--extents 100,300,77] [--new-banks]
 """
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--extents", default="100,300,77")
+    p.add_argument("--new-banks", action="store_true",
+                   help="new bank arrays at each extent too (by default the first extent's: a served "
+                        "program keeps its weights)")
     args = p.parse_args()
     spent: collections.Counter = collections.Counter()
 
@@ -49,8 +52,11 @@ def main() -> None:
         exe.run(**data)
     exe.wait_compiled()
     exe.warm()
+    banks = data["banks"]
     for s in (int(v) for v in args.extents.split(",")):
         data = transformer.transformer_block_data(s, full=True, dims=dims)
+        if not args.new_banks:
+            data = {"inputs": data["inputs"], "banks": banks}
         for k in range(3):
             spent.clear()
             started = time.perf_counter()
