@@ -215,6 +215,15 @@ FUSED_ATTENTION = declare(Setting(
     "for comparisons.",
     "The comparison commands in docs/performance.md, *Fused attention on cpu* "
     "(`FORMULA_FUSED_ATTENTION=0|1 python bench/run.py --suites blocks …`).", "1 (fused)"))
+FUSED_NORMS = declare(Setting(
+    "FORMULA_FUSED_NORMS", True, choice(("1",), ("0",)), "0 or 1", "behaviour", "call",
+    "runtime/plan/rmsnorm.py (find)",
+    "`0` keeps RMS norms unfused on cpu: the planner does not replace `scale(x, x) → reduce@2 mean → "
+    "add → rsqrt → scale [→ scale by a gain]` by the fused-rms-norm node.",
+    "On: each row is read while it is in L1 and the square is never written; off gives the unfused "
+    "plan from the same build, for comparisons.",
+    "`FORMULA_FUSED_NORMS=0|1 python bench/lab/trace_blocks.py B1-S512` (docs/performance.md, "
+    "tuning log).", "1 (fused)"))
 TIERED = declare(Setting(
     "FORMULA_TIERED", True, choice(("1", "true", "yes", "on", ""), ("0", "false", "no", "off"), normalise=True),
     "one of 0, false, no, off (tiering off) or 1, true, yes, on", "behaviour", "call",

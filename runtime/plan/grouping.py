@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from runtime.plan import attention
+from runtime.plan import attention, rmsnorm
 from runtime.plugins.atomspec import Node, ScalarOp
 from runtime.plugins.expressions import scalar_op
 from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
@@ -86,12 +86,15 @@ class Group:
 def make_groups(nodes: Sequence[Node], outputs: Sequence[str], backend: str, fuse: bool,
                 rewrite: bool = True) -> list[Group]:
     """Kernel groups in run order (each at the position of its last node). With ``fuse`` and
-    ``rewrite``, attention patterns become one planner-made node (runtime.plan.attention)."""
+    ``rewrite``, attention and RMS-norm patterns each become one planner-made node
+    (runtime.plan.attention, runtime.plan.rmsnorm)."""
     readers = Counter(s for n in nodes for s in n.input_slots)  # operand uses, not nodes
     groups: list[Group] = []
     by_output: dict[str, int] = {}  # open groups: current output slot -> index in groups
     rewrites = {}  # index of a pattern's last node -> (the nodes it replaces, the fused node)
-    for replaced, fused in (attention.find(nodes, outputs, backend) if fuse and rewrite else ()):
+    found = [*attention.find(nodes, outputs, backend), *rmsnorm.find(nodes, outputs, backend)] \
+        if fuse and rewrite else []
+    for replaced, fused in found:
         rewrites[replaced[-1].index] = (replaced, fused)
     skipped = {n.index for replaced, _ in rewrites.values() for n in replaced}
     outputs = set(outputs)
