@@ -82,11 +82,11 @@ def masked_softmax_vjp_parallel(y, g, dst, shape, st, base, ys, gs, os, n, count
 MASKED_SOFTMAX_VJP = Twins(masked_softmax_vjp_serial, masked_softmax_vjp_parallel)
 
 
-def _vector_rows(dt: str) -> Twins:
-    """Twins over ``count`` contiguous rows of ``n`` (row r at ``oy + r * n``, ``og + r * n``
-    and ``r * n``), in ``dt``: lanes summed in a fixed order (each lane in K order, then the
-    lanes pairwise), so a row's result does not depend on the thread that computes it. The
-    output may be ȳ's memory (``inplace``): each element of ȳ is read before it is written."""
+def _vector_row(dt: str):
+    """One contiguous row of ``n`` in ``dt``'s vectors (inlined into its callers): lanes summed
+    in a fixed order (each lane in K order, then the lanes pairwise), so a row's result does not
+    depend on the thread that computes it. The output may be ȳ's memory (``inplace``): each
+    element of ȳ is read before it is written."""
     o = simd.ops(dt, wide=True)
     vload, vstore, vbcast, vzero, vhsum = o["load"], o["store"], o["bcast"], o["zero"], o["hsum"]
     vadd, vsub, vmul, vnzsel = o["add"], o["sub"], o["mul"], o["nzsel"]
@@ -116,23 +116,43 @@ def _vector_rows(dt: str) -> Twins:
             v = y[oy + t]
             dst[od + t] = v * (g[og + t] - s) if v != 0 else zero
 
-    @njit(cache=True, nogil=True)
-    def serial(y, g, dst, oy, og, n, count):
-        for r in range(count):
-            row(y, g, dst, oy + r * n, og + r * n, r * n, n)
-
-    @njit(cache=True, nogil=True, parallel=True)
-    def parallel(y, g, dst, oy, og, n, count):
-        for r in prange(count):
-            row(y, g, dst, oy + r * n, og + r * n, r * n, n)
-
-    return Twins(serial, parallel)
+    return row
 
 
-VECTOR_ROWS = {dt: _vector_rows(dt) for dt in ("float32", "float64")}
-# (module globals: a compiled driver imports the kernels it calls by a global name)
-vector_rows_f32_serial, vector_rows_f32_parallel = VECTOR_ROWS["float32"].serial, VECTOR_ROWS["float32"].parallel
-vector_rows_f64_serial, vector_rows_f64_parallel = VECTOR_ROWS["float64"].serial, VECTOR_ROWS["float64"].parallel
+_vector_row_f32, _vector_row_f64 = _vector_row("float32"), _vector_row("float64")
+
+
+# Twins over ``count`` contiguous rows of ``n`` (row r at ``oy + r * n``, ``og + r * n`` and
+# ``r * n``). Module-level functions naming their row kernel as a global (a compiled driver
+# imports them by these names too): Numba's disk cache keys a function by its code and the
+# pickled values it closes over, and a closure over a dispatcher pickles differently in every
+# process, so closures compiled again in each one.
+@njit(cache=True, nogil=True)
+def vector_rows_f32_serial(y, g, dst, oy, og, n, count):
+    for r in range(count):
+        _vector_row_f32(y, g, dst, oy + r * n, og + r * n, r * n, n)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def vector_rows_f32_parallel(y, g, dst, oy, og, n, count):
+    for r in prange(count):
+        _vector_row_f32(y, g, dst, oy + r * n, og + r * n, r * n, n)
+
+
+@njit(cache=True, nogil=True)
+def vector_rows_f64_serial(y, g, dst, oy, og, n, count):
+    for r in range(count):
+        _vector_row_f64(y, g, dst, oy + r * n, og + r * n, r * n, n)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def vector_rows_f64_parallel(y, g, dst, oy, og, n, count):
+    for r in prange(count):
+        _vector_row_f64(y, g, dst, oy + r * n, og + r * n, r * n, n)
+
+
+VECTOR_ROWS = {"float32": Twins(vector_rows_f32_serial, vector_rows_f32_parallel),
+               "float64": Twins(vector_rows_f64_serial, vector_rows_f64_parallel)}
 
 
 def _msv_rows(node: Node, ystr: Sequence[int], gstr: Sequence[int]):

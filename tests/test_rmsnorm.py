@@ -205,3 +205,46 @@ def test_half_rows_follow_the_reference():
     for slot, w in want.items():
         rtol, atol = TOLERANCES[w.dtype.name]
         np.testing.assert_allclose(got[slot].astype(np.float32), w.astype(np.float32), rtol=rtol, atol=atol)
+
+
+CACHED = """
+import json, sys
+import numpy as np
+from runtime.kernels import codegen
+codegen.configure_numba_cache()
+from runtime.kernels import rmsnorm
+from atoms import softmax_vjp
+x = np.ones(8 * 40, np.float32)
+got = {}
+for name, twins, args in (
+        ("rms", rmsnorm.ROWS["float32"], (x, np.ones(8, np.float32), np.ones(40, np.float32), 1, np.empty_like(x), 40, 8)),
+        ("vjp", softmax_vjp.VECTOR_ROWS["float32"], (x, x, np.empty_like(x), 0, 0, 40, 8))):
+    for which in ("serial", "parallel"):
+        kernel = getattr(twins, which)
+        kernel(*args)
+        got[f"{name} {which}"] = [sum(kernel.stats.cache_hits.values()), sum(kernel.stats.cache_misses.values())]
+print(json.dumps(got))
+"""
+
+
+def test_the_vector_row_kernels_load_from_the_disk_cache_in_a_new_process(tmp_path):
+    """Their callers are module-level functions: a closure over a dispatcher pickles differently
+    in every process, and Numba's cache, which keys a function by what it closes over, missed."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "FORMULA_CACHE_DIR": str(tmp_path)}
+    env.pop("NUMBA_CACHE_DIR", None)
+    root = Path(__file__).resolve().parents[1]
+
+    def run() -> dict:
+        done = subprocess.run([sys.executable, "-c", CACHED], cwd=root, env=env, capture_output=True, text=True,
+                              check=True)
+        return json.loads(done.stdout.splitlines()[-1])
+
+    first, second = run(), run()
+    assert all(misses == 1 for _, misses in first.values()), first  # compiled and saved
+    assert all(hits == 1 and misses == 0 for hits, misses in second.values()), second

@@ -26,7 +26,8 @@ def parallel_rows(count: int, elements: int) -> bool:
     return count > 1 and elements >= PARALLEL_MIN_ELEMENTS
 
 
-def _rows(dt: str) -> Twins:
+def _row(dt: str):
+    """The kernel of one row in ``dt``'s vectors (inlined into its callers)."""
     o = simd.ops(dt, wide=True)
     vload, vstore, vbcast, vzero, vhsum, vadd, vmul = (o[k] for k in ("load", "store", "bcast", "zero", "hsum",
                                                                        "add", "mul"))
@@ -67,20 +68,38 @@ def _rows(dt: str) -> Twins:
             for t in range(k, n):
                 out[base + t] = x[base + t] * inv
 
-    @njit(cache=True, nogil=True)
-    def serial(x, c, g, has_g, out, n, count):
-        for r in range(count):
-            row(x, c, g, has_g, out, n, r)
-
-    @njit(cache=True, nogil=True, parallel=True)
-    def parallel(x, c, g, has_g, out, n, count):
-        for r in prange(count):
-            row(x, c, g, has_g, out, n, r)
-
-    return Twins(serial, parallel)
+    return row
 
 
-ROWS = {dt: _rows(dt) for dt in ("float32", "float64")}
-# (module globals: a compiled driver imports the kernels it calls by a global name)
-rms_rows_f32_serial, rms_rows_f32_parallel = ROWS["float32"].serial, ROWS["float32"].parallel
-rms_rows_f64_serial, rms_rows_f64_parallel = ROWS["float64"].serial, ROWS["float64"].parallel
+_row_f32, _row_f64 = _row("float32"), _row("float64")
+
+
+# The callers are plain module-level functions that name their row kernel as a global: Numba's
+# disk cache keys a function by its code and the pickled values it closes over, and a closure
+# over a dispatcher pickles differently in every process (it would compile again in each one).
+@njit(cache=True, nogil=True)
+def rms_rows_f32_serial(x, c, g, has_g, out, n, count):
+    for r in range(count):
+        _row_f32(x, c, g, has_g, out, n, r)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def rms_rows_f32_parallel(x, c, g, has_g, out, n, count):
+    for r in prange(count):
+        _row_f32(x, c, g, has_g, out, n, r)
+
+
+@njit(cache=True, nogil=True)
+def rms_rows_f64_serial(x, c, g, has_g, out, n, count):
+    for r in range(count):
+        _row_f64(x, c, g, has_g, out, n, r)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def rms_rows_f64_parallel(x, c, g, has_g, out, n, count):
+    for r in prange(count):
+        _row_f64(x, c, g, has_g, out, n, r)
+
+
+ROWS = {"float32": Twins(rms_rows_f32_serial, rms_rows_f32_parallel),
+        "float64": Twins(rms_rows_f64_serial, rms_rows_f64_parallel)}
