@@ -1,4 +1,4 @@
-"""Issue 38 item 3, q/k/v as one contraction: is one x·[Wq|Wk|Wv]ᵀ faster on the cpu backend than
+"""Issue 38 item 3, q/k/v as one contraction: is one x·[Wq; Wk; Wv]ᵀ faster on the cpu backend than
 three x·Wᵀ sharing x? One process, both programs side by side (alternating runs, medians), with
 the banks passed per run and loaded once (``load_banks``: resident packs, as a served program
 runs them).
