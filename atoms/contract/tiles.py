@@ -69,10 +69,11 @@ WGRAD_SPLIT_COLS = 128
 # BLOCKED_COLUMN_COLS columns per thread, is cut along N instead, each thread all the rows and
 # a share of the panels: a thread's tile then reuses each panel slice over twice the strips and
 # reads half the packed right operand (the block's x·W1 at 128 rows, K=512, N=2048: 201 against
-# 181 GFLOP/s a core in bench/lab/blocked_tile_ab.py, 0.84 against 0.88 ms in the block; at
-# N=512 no faster, the attention output's 0.21 against 0.19 ms: bench/lab/trace_grad.py
-# block-B1-S128 --plain)
-BLOCKED_COLUMN_ROWS, BLOCKED_COLUMN_COLS = 128, 1024
+# 181 GFLOP/s a core in bench/lab/blocked_tile_ab.py, 0.84 against 0.88 ms in the block). Few
+# rows gain most: split by rows, 16 or 32 rows make 4 or 8 strips a panel slice; the seed's dA
+# at T=256 (32 x 256 x 1024) 0.148 -> 0.073 ms at 256 columns against 1024 (docs/performance.md,
+# tuning log: bench/lab/kleading_forms.py)
+BLOCKED_COLUMN_ROWS, BLOCKED_COLUMN_COLS = 128, 256
 
 
 def form_for(nb: int, m: int, n: int, k: int, dt: str, dot_ok: bool = True, left_k_leading: bool = False) -> str | None:

@@ -43,7 +43,7 @@ def test_few_row_blas_weight_gradients_split_their_columns_over_the_threads():
 
 
 @pytest.mark.parametrize("m, n, k", [(128, 2048, 512), (128, 4096, 2048), (16, 2048, 512), (100, 2100, 512),
-                                     (255, 2048, 512)])
+                                     (255, 2048, 512), (128, 512, 2048), (128, 2047, 512), (32, 1024, 256)])
 def test_short_wide_blocked_products_split_their_columns_in_whole_panels(m, n, k):
     """Fewer than BLOCKED_COLUMN_ROWS rows a thread, at least BLOCKED_COLUMN_COLS columns: one
     row tile of every row, a column tile of whole panels per thread (the last one shorter)."""
@@ -56,7 +56,7 @@ def test_short_wide_blocked_products_split_their_columns_in_whole_panels(m, n, k
 
 
 @pytest.mark.parametrize("dims", [(1, 256, 2048, 512), (1, 4096, 4096, 1024), (8, 128, 512, 64), (1, 128, 64, 512),
-                                  (1, 128, 512, 2048), (1, 128, 2047, 512)])
+                                  (1, 128, 511, 2048), (1, 32, 300, 2048)])
 def test_other_blocked_products_keep_whole_rows(dims):
     """Rows enough for every thread, batches, a single panel, too few columns, and one
     thread: no column tiles."""
