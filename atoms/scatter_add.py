@@ -163,7 +163,8 @@ def _cpu_scatter_add(request: KernelRequest) -> Kernel:
     prepared: dict[tuple, tuple] = {}
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
-        np.copyto(out, inputs[0])
+        if inputs[0] is not out:  # (the planner computes it in place over its base: AtomSpec.inplace)
+            np.copyto(out, inputs[0])
         upd, uoff, ust = flat_view(inputs[2])
         idx, ioff, ist = flat_view(inputs[1])
         key = (ust, ist)
@@ -206,7 +207,8 @@ def _cuda_scatter_add(request: KernelRequest) -> Kernel:
 
     def run(inputs, out) -> None:
         flat = out.reshape((max(1, tb.elements),))
-        flat.copy_to_device(device_bits(inputs[0]).view(out.dtype))
+        if inputs[0] is not out:  # (in place over its base: AtomSpec.inplace)
+            flat.copy_to_device(device_bits(inputs[0]).view(out.dtype))
         kernel([device_bits(inputs[2]).view(out.dtype), device_bits(inputs[1]).view(np.int64), flat,
                 shape, st, uj, ij, oax, n, bound, r.count], r.count)
     return plain_kernel(run)
@@ -241,7 +243,7 @@ SPECS = [
              attributes=frozenset({"axis", "index_axis", "mode", "accumulation_dtype"}),
              infer=infer_scatter_add,
              kernels={"reference": _ref_scatter_add, "cpu": _cpu_scatter_add, "cuda": _cuda_scatter_add},
-             check_values=check_gather, checked_inputs=(1,),
+             check_values=check_gather, checked_inputs=(1,), inplace=0,
              free_axes=axes_except("axis"), linear=linear_scatter_add,
              summary="base plus updates added at indexed positions (repeated indices accumulate)"),
 ]

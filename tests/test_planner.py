@@ -74,6 +74,9 @@ def simulate(plan, p: Prog, values):
             return values[slot]
         if b.kind == "output":
             return outs.setdefault(slot, np.full(p.types[slot].shape, np.nan))
+        if b.alias_of is not None and plan.buffers[b.alias_of].kind == "output":  # computed in its array
+            assert b.first <= gi <= b.last, f"{slot} used outside its lifetime"
+            return where(b.alias_of, gi)
         root = plan.buffers[b.alias_of or slot]
         assert root.first <= gi <= root.last and b.first <= gi, f"{slot} used outside its lifetime"
         return raw[b.offset:b.offset + b.nbytes].view(np.float64).reshape(p.types[slot].shape)
@@ -121,7 +124,14 @@ def check_invariants(plan, p: Prog, outputs):
         for s in g.fused_slots:
             assert s not in plan.buffers and s not in outputs
             assert sum(n.input_slots.count(s) for n in live) == 1
-    temps = [b for b in plan.buffers.values() if b.kind == "temporary"]
+    every_temp = [b for b in plan.buffers.values() if b.kind == "temporary"]
+    for a in every_temp:  # computed in an output's array: read last by the group that makes the output
+        if a.alias_of is not None and plan.buffers[a.alias_of].kind == "output":
+            out = plan.buffers[a.alias_of]
+            assert a.offset is None and not a.in_arena and a.last == out.first and a.nbytes == out.nbytes
+            assert p.types[a.slot] == p.types[a.alias_of] or \
+                (p.types[a.slot].shape, p.types[a.slot].dtype) == (p.types[a.alias_of].shape, p.types[a.alias_of].dtype)
+    temps = [b for b in every_temp if b.in_arena]
     for i, a in enumerate(temps):
         ra = plan.buffers[a.alias_of or a.slot]
         assert a.offset == ra.offset and a.offset % 64 == 0 and a.offset + a.nbytes <= plan.arena_bytes
@@ -130,7 +140,7 @@ def check_invariants(plan, p: Prog, outputs):
             if ra.slot != rb.slot and ra.first <= rb.last and rb.first <= ra.last:
                 (a0, a1), (b0, b1) = _bytes(ra), _bytes(rb)
                 assert a1 <= b0 or b1 <= a0, f"{a.slot} and {b.slot} overlap while live"
-    assert plan.temporaries_bytes == sum(b.nbytes for b in temps)
+    assert plan.temporaries_bytes == sum(b.nbytes for b in every_temp)
     assert plan.working_bytes == plan.binding_bytes + plan.arena_bytes + plan.output_bytes
 
 
@@ -236,7 +246,36 @@ def test_no_in_place_over_a_binding_or_a_different_size():
     s = p.op(shrink, a)  # sizes differ
     out = p.op(TANH, s)
     plan = plan_of(p, [out], "reference")
-    assert all(b.alias_of is None for b in plan.buffers.values())
+    assert plan.buffers[a].alias_of is None and plan.buffers[s].alias_of != a
+    assert plan.buffers[s].alias_of == out and not plan.buffers[s].in_arena  # (the output's own array)
+    check_invariants(plan, p, [out])
+
+
+def test_a_lone_in_place_node_making_an_output_computes_its_operand_in_the_outputs_array():
+    """An embedding's gradient (scatter over a fill) writes its zeros into the result and adds
+    into it: the operand takes no arena bytes (the output of its last reader); not when it is a
+    program output itself."""
+    p = Prog()
+    u = p.op(CUMSUM, p.input("x", t(T=3, D=4)))
+    out = p.op(TANH, u)
+    plan = plan_of(p, [out], "reference")
+    assert plan.buffers[u].alias_of == out and plan.arena_bytes == 0
+    check_invariants(plan, p, [out])
+    values = {"x": np.random.default_rng(0).standard_normal((3, 4))}
+    np.testing.assert_allclose(simulate(plan, p, values)[out], _reference(p, values)[out])
+    p = Prog()
+    u = p.op(CUMSUM, p.input("x", t(T=3, D=4)))
+    out, again = p.op(TANH, u), p.op(TANH, u)  # read twice: in the array of its last reader's output
+    plan = plan_of(p, [out, again], "reference")
+    assert plan.buffers[u].alias_of == again
+    check_invariants(plan, p, [out, again])
+    got, want = simulate(plan, p, values), _reference(p, values)
+    for slot in (out, again):
+        np.testing.assert_allclose(got[slot], want[slot])
+    p = Prog()
+    u = p.op(CUMSUM, p.input("x", t(T=3, D=4)))
+    out = p.op(TANH, u)
+    assert plan_of(p, [out, u], "reference").buffers[u].kind == "output"  # an output itself
 
 
 def test_fused_groups_reuse_an_epilogue_operand_of_the_output_shape_in_place():

@@ -60,7 +60,10 @@ class CompiledPlan:
         self.outputs = tuple((slot, types[slot]) for slot, buf in plan.buffers.items() if buf.kind == "output")
         self._temporaries = tuple(
             (slot, buf.offset if buf.offset is not None else plan.buffers[buf.alias_of].offset, types[slot])
-            for slot, buf in plan.buffers.items() if buf.kind == "temporary")
+            for slot, buf in plan.buffers.items() if buf.in_arena)
+        # temporaries computed in a program output's array (planner: an in-place node making it)
+        self.in_outputs = tuple((slot, buf.alias_of) for slot, buf in plan.buffers.items()
+                                if buf.kind == "temporary" and not buf.in_arena)
         self._driver: Driver | None = None
         self._driver_thread: background.Thread | None = None
         self.driver_after = DRIVER_AFTER_RUNS  # the run that starts building the drivers

@@ -92,6 +92,8 @@ class Launcher:
                 outputs[slot] = values[slot] = target  # written in place by its kernel
             else:
                 outputs[slot] = values[slot] = compiled.results.take(slot, lambda: backend.empty(t))
+        for slot, output in compiled.in_outputs:  # (the output's array, this run's)
+            values[slot] = values[output]
         records = [] if trace else None
         driver = None if trace else compiled.driver(values)
         if driver is not None and driver.takes(values):

@@ -34,10 +34,11 @@ class Buffer:
     last: int  # last group index reading it (in-place roots: extended over their aliases)
     offset: int | None = None  # arena offset of temporaries (aliases: their root's offset)
     alias_of: str | None = None  # in-place or view: the temporary whose buffer this one reuses
+    # (or, for a temporary, the program output in whose array it is computed: no arena offset)
 
     @property
     def in_arena(self) -> bool:
-        return self.kind == "temporary"
+        return self.kind == "temporary" and self.offset is not None  # (not one computed in an output)
 
 
 @attrs.frozen
@@ -119,7 +120,9 @@ class Plan:
         lines.append(head + (f" {'timeline':<{tw}}" if timeline else "") + "  where")
         for b in self.buffers.values():
             span = f"{'in' if b.first < 0 else b.first}..{b.last if b.last >= 0 else '-'}"
-            if b.alias_of is not None:
+            if b.alias_of is not None and self.buffers[b.alias_of].kind == "output":
+                where = f"in the array of output {b.alias_of} (computed in place)"
+            elif b.alias_of is not None:
                 how = "a view of" if b.first in self.views else "in place of"
                 where = f"offset {b.offset} ({how} {b.alias_of})"
             elif b.offset is not None:
@@ -215,12 +218,17 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
             root = buffers[source].alias_of or source
             buffers[slot] = attrs.evolve(buffers[slot], alias_of=root)
             buffers[root] = attrs.evolve(buffers[root], last=max(buffers[root].last, buffers[slot].last))
+        if kind == "output":
+            into = _output_inplace_source(g, gi, buffers, last_read, types)
+            if into is not None:  # computed in the output's array: no arena bytes, no copy
+                buffers[into] = attrs.evolve(buffers[into], alias_of=slot)
     temporaries = [b for b in buffers.values() if b.kind == "temporary"]
     requests = [arena.Request(b.slot, b.nbytes, b.first, b.last) for b in temporaries if b.alias_of is None]
     offsets, peak = arena.place(requests)
     arena.check_no_overlap(requests, offsets, peak=peak)  # cheap (slots ≤ max_slots); a bug here corrupts data
     for b in temporaries:
-        buffers[b.slot] = attrs.evolve(b, offset=offsets[b.alias_of or b.slot])
+        if b.alias_of is None or buffers[b.alias_of].kind != "output":
+            buffers[b.slot] = attrs.evolve(b, offset=offsets[b.alias_of or b.slot])
     plan = Plan(dict(dims), tuple(groups), buffers, peak, sum(b.nbytes for b in temporaries),
                 sum(b.nbytes for b in buffers.values() if b.kind in ("input", "bank")),
                 sum(b.nbytes for b in buffers.values() if b.kind == "output"), limits.max_working_bytes,
@@ -284,6 +292,30 @@ def _inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read)
             continue
         return slot
     return None
+
+
+def _output_inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read,
+                           types: Mapping[str, TensorType]) -> str | None:
+    """The temporary that a lone node making a program output may be computed over in the
+    output's own array (its atom's ``inplace`` operand, of the output's very type, read last
+    here, no view or in-place chain on it): an embedding's gradient, ``scatter`` over a ``fill``,
+    then writes its zeros into the result and adds into it, with no copy of an arena buffer.
+    The executor binds such a temporary to the output's array of each run."""
+    node = g.anchor
+    if node is None or g.rewritten or not g.epilogue.empty or node.atom.inplace is None \
+            or not 0 <= node.atom.inplace < len(node.input_slots):
+        return None
+    slot = node.input_slots[node.atom.inplace]
+    b = buffers.get(slot)
+    if b is None or b.kind != "temporary" or b.alias_of is not None or last_read.get(slot) != gi \
+            or node.input_slots.count(slot) != 1:
+        return None
+    t, out = types[slot], types[g.output_slot]
+    if (t.axes, t.shape, t.dtype) != (out.axes, out.shape, out.dtype):
+        return None
+    if any(o.alias_of == slot for o in buffers.values()):  # (a view or an in-place chain over it)
+        return None
+    return slot
 
 
 def output_extras(plan: "Plan", g: Group) -> tuple[int, ...]:
