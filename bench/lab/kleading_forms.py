@@ -4,6 +4,10 @@ the runtime's own kernel: the measurements behind ``tiles.WGRAD_BLAS_MIN_K`` and
 ``tiles.BATCHED_WGRAD_BLAS_ROWS`` (docs/performance.md, tuning log).
 
     python bench/lab/kleading_forms.py [--forms default,none,bcast,blocked] [--reps 30]
+    python bench/lab/kleading_forms.py --grid --forms default --column-cols 1024   # and 256
+
+``--grid``: products of few rows instead (M 16-128, K 256 and 1024, N 512-2048, the left operand
+K-leading and row-major), the cases behind ``tiles.BLOCKED_COLUMN_COLS``; ``--column-cols`` sets it.
 
 ``default`` is the form the runtime chooses; ``none`` is BLAS; ``rows`` is BLAS in row tiles
 only (``tiles.WGRAD_SPLIT_COLS`` out of reach: no column tiles).
@@ -43,6 +47,22 @@ def _cases():
     return cases
 
 
+def _grid():
+    from runtime.core.types import TensorType
+
+    def t(axes, sizes):
+        return TensorType(tuple(axes), tuple(sizes), "float32", "d")
+
+    attributes = {"reduce_axes": [["T", "T"]], "output_axes": ["R", "D"], "accumulation_dtype": "float32"}
+    cases = {}
+    for m in (16, 32, 64, 128):
+        for k in (256, 1024):
+            for n in (512, 1024, 2048):
+                cases[f"K-leading M={m} K={k} N={n}"] = (t("TR", (k, m)), t("TD", (k, n)), attributes)
+                cases[f"row-major M={m} K={k} N={n}"] = (t("RT", (m, k)), t("TD", (k, n)), attributes)
+    return cases
+
+
 def main() -> None:
     from atoms.contract import SPECS, tiles
     from runtime.plugins.atomspec import bind_node
@@ -51,10 +71,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--forms", default="default,none,rows,bcast,blocked")
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--grid", action="store_true", help="products of few rows (tiles.BLOCKED_COLUMN_COLS)")
+    p.add_argument("--column-cols", type=int, help="tiles.BLOCKED_COLUMN_COLS for this run")
     args = p.parse_args()
+    if args.column_cols:
+        tiles.BLOCKED_COLUMN_COLS = args.column_cols
     spec = next(s for s in SPECS if s.name == "contract")
     rng = np.random.default_rng(0)
-    for name, (lt, rt, attributes) in _cases().items():
+    for name, (lt, rt, attributes) in (_grid() if args.grid else _cases()).items():
         a, b = rng.standard_normal(lt.shape, dtype=np.float32), rng.standard_normal(rt.shape, dtype=np.float32)
         node = bind_node(spec, attributes, [lt, rt])
         first, cells = None, []
