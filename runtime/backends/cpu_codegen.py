@@ -149,6 +149,7 @@ class NestKernel:
     # twin's source follows from the serial one's), shared by the kernels of every plan: a
     # plan at a new extent takes the twin the last plan loaded instead of rendering it again
     _twins: dict[str, Any] = {}
+    _shared: dict[tuple, "NestKernel"] = {}  # (NestKernel.shared)
 
     def __init__(self, prefix: str, make_source):
         self._make_source = make_source
@@ -158,8 +159,6 @@ class NestKernel:
         self.serial = module.kernel
         self._key = module.__name__
         self._parallel = None
-
-    _shared: dict[tuple, "NestKernel"] = {}
 
     @classmethod
     def shared(cls, prefix: str, key: tuple, make_source) -> "NestKernel":

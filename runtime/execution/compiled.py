@@ -199,8 +199,8 @@ TAKE_ARENA_BYTES = 1 << 20
 
 
 class ArenaShelf:
-    """The compiled plans of one program and backend, whose idle arenas a plan without one may
-    take (:meth:`CompiledPlan.acquire_arena`): plans of other extents, held weakly."""
+    """The compiled plans of one builder (one program, one backend), whose idle arenas a plan
+    without one may take (:meth:`CompiledPlan.acquire_arena`): plans of other extents, held weakly."""
 
     def __init__(self):
         self._plans: weakref.WeakSet[CompiledPlan] = weakref.WeakSet()
@@ -211,7 +211,7 @@ class ArenaShelf:
     def take(self, nbytes: int, taker: CompiledPlan) -> Any:
         """An idle arena buffer of another plan that holds ``nbytes``, or None."""
         for plan in list(self._plans):
-            if plan is not taker and plan.backend is taker.backend:
+            if plan is not taker:
                 raw = plan.give_idle_arena(nbytes)
                 if raw is not None:
                     return raw

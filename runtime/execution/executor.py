@@ -215,8 +215,9 @@ class Executable:
                     return self._tiers.fallback_run(inputs, banks, trace, out)
             if bound.structure is not None:
                 self._last_structure = (bound.structure, compiled)  # one tuple: replaced atomically
-            if bound.unchecked - compiled.deferred_finite:  # (a new structure's: no kernel counts them)
-                self._binder.check_finite(bound, bound.unchecked - compiled.deferred_finite, inputs, banks)
+            rest = bound.unchecked - compiled.deferred_finite  # (a new structure's: no kernel counts them)
+            if rest:
+                self._binder.check_finite(bound, rest, inputs, banks)
         given = self._given(out, compiled, bound) if out is not None else {}
         if given and bound.unchecked:  # the caller's out arrays are never written on bad input
             self._binder.check_finite(bound, bound.unchecked, inputs, banks)

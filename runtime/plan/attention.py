@@ -21,7 +21,6 @@ that made a NaN, which needs the unfused nodes).
 """
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import attrs
@@ -30,6 +29,7 @@ import numpy as np
 from runtime.core import settings
 from runtime.core.types import TensorType, accumulation_dtype, numpy_dtype
 from runtime.kernels.layout import c_strides, keepdims_order
+from runtime.plan import patterns
 from runtime.plan.fusion import CHAIN, EMPTY_EPILOGUE, Epilogue, EpilogueStep
 from runtime.plugins.atomspec import AtomSpec, Node
 from runtime.plugins.expressions import scalar_op
@@ -75,23 +75,11 @@ def find(nodes: Sequence[Node], outputs: Sequence[str], backend: str) -> list[tu
     unfused plan, for comparisons)."""
     if backend not in ATTENTION.kernels or not settings.FUSED_ATTENTION.read():
         return []
-    readers = Counter(s for n in nodes for s in n.input_slots)
-    producer = {n.output_slot: n for n in nodes}
-    outs = set(outputs)
-
-    def single(slot: str) -> bool:
-        return readers[slot] == 1 and slot not in outs
-
-    found, taken = [], set()
-    for o in nodes:
-        match = _match(o, producer, single)
-        if match is not None and not taken.intersection(n.index for n in match[0]):
-            taken.update(n.index for n in match[0])
-            found.append(match)
-    return found
+    return patterns.find(nodes, outputs, _match)
 
 
-def _match(o: Node, producer, single):
+def _match(o: Node, graph: patterns.Graph):
+    producer, single = graph.producer, graph.single
     if _role(o) != CONTRACTION or len(o.attributes["reduce_axes"]) != 1:
         return None
     (a, b), = o.attributes["reduce_axes"]

@@ -271,10 +271,10 @@ def _inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read)
     extents, since an epilogue reads its operands element by element at the output's index
     (the anchor's own operands are read across the output, never reused)."""
     if g.epilogue.empty:
-        node = g.anchor
-        if node is None or node.atom.inplace is None or not 0 <= node.atom.inplace < len(node.input_slots):
+        slot = _inplace_operand(g)
+        if slot is None:
             return None
-        candidates = [node.input_slots[node.atom.inplace]]
+        candidates = [slot]
     else:
         out = g.output_type
         candidates = [s for s, t in zip(g.epilogue.extra_slots, g.epilogue.extra_types)
@@ -294,6 +294,14 @@ def _inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read)
     return None
 
 
+def _inplace_operand(g: Group) -> str | None:
+    """The slot of the operand a lone node's atom lets its output reuse (``AtomSpec.inplace``)."""
+    node = g.anchor
+    if node is None or node.atom.inplace is None or not 0 <= node.atom.inplace < len(node.input_slots):
+        return None
+    return node.input_slots[node.atom.inplace]
+
+
 def _output_inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read,
                            types: Mapping[str, TensorType]) -> str | None:
     """The temporary that a lone node making a program output may be computed over in the
@@ -301,14 +309,10 @@ def _output_inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], las
     here, no view or in-place chain on it): an embedding's gradient, ``scatter`` over a ``fill``,
     then writes its zeros into the result and adds into it, with no copy of an arena buffer.
     The executor binds such a temporary to the output's array of each run."""
-    node = g.anchor
-    if node is None or g.rewritten or not g.epilogue.empty or node.atom.inplace is None \
-            or not 0 <= node.atom.inplace < len(node.input_slots):
-        return None
-    slot = node.input_slots[node.atom.inplace]
-    b = buffers.get(slot)
+    slot = _inplace_operand(g) if not g.rewritten and g.epilogue.empty else None
+    b = buffers.get(slot) if slot is not None else None
     if b is None or b.kind != "temporary" or b.alias_of is not None or last_read.get(slot) != gi \
-            or node.input_slots.count(slot) != 1:
+            or g.anchor.input_slots.count(slot) != 1:
         return None
     t, out = types[slot], types[g.output_slot]
     if (t.axes, t.shape, t.dtype) != (out.axes, out.shape, out.dtype):

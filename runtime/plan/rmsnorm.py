@@ -18,7 +18,6 @@ out when outputs are checked (the replay of a group names the instruction that m
 """
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import attrs
@@ -26,6 +25,7 @@ import numpy as np
 
 from runtime.core import settings
 from runtime.core.types import accumulation_dtype
+from runtime.plan import patterns
 from runtime.plugins.atomspec import AtomSpec, Node
 from runtime.plugins.kernel import (FLAT_OUTPUT, CompiledCall, Kernel, KernelRequest, const_array, const_int,
                                     flat_input, plain_kernel)
@@ -54,21 +54,7 @@ def find(nodes: Sequence[Node], outputs: Sequence[str], backend: str) -> list[tu
     comparisons)."""
     if backend not in RMS_NORM.kernels or not settings.FUSED_NORMS.read():
         return []
-    readers = Counter(s for n in nodes for s in n.input_slots)
-    producer = {n.output_slot: n for n in nodes}
-    reader = {s: n for n in nodes for s in n.input_slots}
-    outs = set(outputs)
-
-    def single(slot: str) -> bool:
-        return readers[slot] == 1 and slot not in outs
-
-    found, taken = [], set()
-    for y in nodes:
-        match = _match(y, producer, reader, single)
-        if match is not None and not taken.intersection(n.index for n in match[0]):
-            taken.update(n.index for n in match[0])
-            found.append(match)
-    return found
+    return patterns.find(nodes, outputs, _match)
 
 
 def _is(node: Node | None, name: str, **attributes) -> bool:
@@ -76,7 +62,8 @@ def _is(node: Node | None, name: str, **attributes) -> bool:
         all(node.attributes.get(k) == v for k, v in attributes.items())
 
 
-def _match(y: Node, producer, reader, single):
+def _match(y: Node, graph: patterns.Graph):
+    producer, reader, single = graph.producer, graph.reader, graph.single
     if not _is(y, "scale") or y.input_slots[0] == y.input_slots[1]:
         return None
     x_slot, r_slot = y.input_slots
