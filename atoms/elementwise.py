@@ -222,13 +222,15 @@ def scalar_map_numpy(mode: str, x: np.ndarray) -> np.ndarray:
     raise ValueError(mode)
 
 
-def scalar_map_first_tier(mode: str, x: np.ndarray) -> np.ndarray:
+def scalar_map_first_tier(mode: str, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The first tier's branch-free sigmoid and silu (NumPy's ``where`` on a data-dependent
-    mask mispredicts on random signs); within an ulp or two of the oracle's."""
+    mask mispredicts on random signs); within an ulp or two of the oracle's. Computed in
+    ``out`` when given (x's dtype and shape, not x's memory): no temporary per step."""
     if mode not in ("sigmoid", "silu"):
         return scalar_map_numpy(mode, x)
     with np.errstate(all="ignore"):  # exp(-x) -> inf for x << 0: x / inf = -0, 1 / inf = 0
-        d = np.exp(-x)
+        d = np.negative(x, out=out)
+        np.exp(d, out=d)
         d += 1
         return np.divide(x if mode == "silu" else 1, d, out=d)
 
@@ -249,8 +251,13 @@ def _ref_scalar_map(request: KernelRequest) -> Kernel:
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         with np.errstate(all="ignore"):
-            x = np.asarray(inputs[0]).astype(acc)
-            out[...] = scalar_map_first_tier(mode, x) if first_tier() else scalar_map_numpy(mode, x)
+            x = np.asarray(inputs[0]).astype(acc, copy=False)
+            if not first_tier():
+                out[...] = scalar_map_numpy(mode, x)
+            elif out.dtype == acc and out.shape == x.shape and not np.may_share_memory(x, out):
+                scalar_map_first_tier(mode, x, out)
+            else:
+                out[...] = scalar_map_first_tier(mode, x)
     return plain_kernel(run)
 
 
@@ -409,7 +416,7 @@ SPECS = [
              dtypes={"left": "numeric", "right": "numeric"},
              attributes=frozenset({"accumulation_dtype"}), infer=infer_add,
              kernels=_kernels(_ref_add), free_axes=every_axis, elementwise=_op(lambda node: "({0} + {1})"),
-             inplace=0, linear=linear_in(0, 1), summary="left + right of identical types"),
+             inplace=(0, 1), linear=linear_in(0, 1), summary="left + right of identical types"),
     AtomSpec(name="select", refs=refs_for("select"), inputs=("mask", "when_true", "when_false"),
              dtypes={"mask": "boolean", "when_true": "any", "when_false": "any"},
              attributes=frozenset(), infer=infer_select, kernels=_kernels(_ref_select),

@@ -216,14 +216,40 @@ def _tanh_chain(n):
 
 
 def test_in_place_when_the_operand_dies_here_and_aliases_resolve_to_the_root():
+    p, v = _tanh_chain(4)
+    out = p.op(OPAQUE, v)  # (not in place: the chain stays in the arena)
+    plan = plan_of(p, [out], "reference")
+    b = plan.buffers
+    assert b["%0"].alias_of is None and b["%1"].alias_of == "%0" and b["%2"].alias_of == "%0" \
+        and b["%3"].alias_of == "%0"
+    assert b["%0"].last == 4  # extended over its aliases' lifetimes
+    assert b[out].kind == "output" and b[out].alias_of is None
+    assert plan.arena_bytes == 96 and plan.temporaries_bytes == 4 * 96
+    assert "in place of %0" in plan.describe()
+
+
+def test_an_in_place_chain_that_ends_in_an_output_is_computed_in_the_outputs_array():
+    """The seed's first tier: its product, scale and add all in the result (as NumPy's
+    temporary elision does), no arena."""
     p, out = _tanh_chain(4)
     plan = plan_of(p, [out], "reference")
     b = plan.buffers
-    assert b["%0"].alias_of is None and b["%1"].alias_of == "%0" and b["%2"].alias_of == "%0"
-    assert b["%0"].last == 3  # extended over its aliases' lifetimes
-    assert b["%3"].kind == "output" and b["%3"].alias_of is None  # never into an output
-    assert plan.arena_bytes == 96 and plan.temporaries_bytes == 3 * 96
-    assert "in place of %0" in plan.describe()
+    assert b["%0"].alias_of == b["%1"].alias_of == b["%2"].alias_of == out  # the whole chain
+    assert b[out].kind == "output" and b[out].alias_of is None
+    assert plan.arena_bytes == 0 and f"in the array of output {out}" in plan.describe()
+    values = {"x": np.linspace(-2, 2, 12).reshape(3, 4)}
+    np.testing.assert_allclose(simulate(plan, p, values)[out], _reference(p, values)[out])
+    q = Prog()
+    x = q.input("x", t(T=3, D=4))
+    a = q.op(TANH, x)
+    kept = q.op(TANH, a)
+    c = q.op(ADD, kept, q.op(TANH, x))
+    plan = plan_of(q, [c, a], "reference")  # a is an output of its own: the chain starts after it
+    assert plan.buffers[kept].alias_of == c and plan.buffers[a].alias_of is None
+    values = {"x": np.linspace(-2, 2, 12).reshape(3, 4)}
+    got, want = simulate(plan, q, values), _reference(q, values)
+    for slot in (a, c):
+        np.testing.assert_allclose(got[slot], want[slot])
 
 
 def test_no_in_place_while_the_operand_is_still_read_later():
@@ -232,7 +258,7 @@ def test_no_in_place_while_the_operand_is_still_read_later():
     a = p.op(TANH, x)
     b = p.op(TANH, a)
     c = p.op(ADD, b, a)  # a is still read here: b may not take its buffer; c may take b's
-    d = p.op(TANH, c)
+    d = p.op(OPAQUE, c)  # (not in place: the chain stays in the arena)
     plan = plan_of(p, [d], "reference")
     assert plan.buffers[b].alias_of is None and plan.buffers[c].alias_of == b
     assert plan.buffers[a].offset != plan.buffers[b].offset
@@ -407,10 +433,11 @@ def test_working_set_fits_only_thanks_to_freeing():
 
 
 def test_in_place_chain_needs_one_buffer():
-    p, out = _tanh_chain(5)
+    p, v = _tanh_chain(5)
+    out = p.op(OPAQUE, v)  # (not in place: the chain stays in the arena)
     plan = plan_of(p, [out], "cpu", fuse=False)
-    assert plan.arena_bytes == 96 and plan.temporaries_bytes == 4 * 96
-    assert {plan.buffers[f"%{i}"].offset for i in range(4)} == {0}
+    assert plan.arena_bytes == 96 and plan.temporaries_bytes == 5 * 96
+    assert {plan.buffers[f"%{i}"].offset for i in range(5)} == {0}
 
 
 def test_alternating_offsets_without_in_place():
@@ -509,9 +536,9 @@ def test_in_place_reuse_when_the_operand_dies_here():
     plan = runtime.compile(_chain(3), "reference").plan({"T": 8})
     aliased = [b for b in plan.buffers.values() if b.alias_of]
     assert aliased, plan.describe()
-    for b in aliased:
-        assert plan.buffers[b.alias_of].kind == "temporary"
-        assert b.offset == plan.buffers[b.alias_of].offset
+    for b in aliased:  # in a temporary's buffer, or (a chain ending in the result) in the result's array
+        root = plan.buffers[b.alias_of]
+        assert (root.kind, b.offset) in (("temporary", root.offset), ("output", None))
 
 
 def test_preflight_rejects_a_peak_over_max_working_bytes_before_allocating():
@@ -542,7 +569,10 @@ def test_in_place_plan_runs_correctly_end_to_end_on_the_reference_backend():
     program = _chain(3)
     exe = runtime.compile(program, "reference")
     plan = exe.plan({"T": 5})
-    assert {b.slot: b.alias_of for b in plan.buffers.values() if b.alias_of} == {"%1": "%0", "%2": "%0", "%3": "%0"}
+    # the whole in-place chain ends in the result: computed in its array
+    assert {b.slot: b.alias_of for b in plan.buffers.values() if b.alias_of} == \
+        {"%0": "%4", "%1": "%4", "%2": "%4", "%3": "%4"}
+    assert plan.arena_bytes == 0
     rng = np.random.default_rng(1)
     x, y = (rng.standard_normal((5, 256)).astype(np.float32) for _ in range(2))
     got = exe.run(inputs={"x": x, "y": y})

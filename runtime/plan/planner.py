@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from runtime.plan import arena
-from runtime.plugins.atomspec import Node
+from runtime.plugins.atomspec import Node, inplace_operands
 from runtime.core.errors import fail
 from runtime.plan.freeaxes import Chunking, FreeAxes
 from runtime.plan.grouping import Group, make_groups
@@ -218,10 +218,9 @@ def make_plan(nodes: Sequence[Node], binding_types: Mapping[str, TensorType], ou
             root = buffers[source].alias_of or source
             buffers[slot] = attrs.evolve(buffers[slot], alias_of=root)
             buffers[root] = attrs.evolve(buffers[root], last=max(buffers[root].last, buffers[slot].last))
-        if kind == "output":
-            into = _output_inplace_source(g, gi, buffers, last_read, types)
-            if into is not None:  # computed in the output's array: no arena bytes, no copy
-                buffers[into] = attrs.evolve(buffers[into], alias_of=slot)
+        if kind == "output":  # computed in the output's array: no arena bytes, no copy
+            for member in _output_inplace_chain(g, gi, buffers, last_read, types):
+                buffers[member] = attrs.evolve(buffers[member], alias_of=slot)
     temporaries = [b for b in buffers.values() if b.kind == "temporary"]
     requests = [arena.Request(b.slot, b.nbytes, b.first, b.last) for b in temporaries if b.alias_of is None]
     offsets, peak = arena.place(requests)
@@ -271,10 +270,7 @@ def _inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read)
     extents, since an epilogue reads its operands element by element at the output's index
     (the anchor's own operands are read across the output, never reused)."""
     if g.epilogue.empty:
-        slot = _inplace_operand(g)
-        if slot is None:
-            return None
-        candidates = [slot]
+        candidates = _inplace_operands(g)
     else:
         out = g.output_type
         candidates = [s for s, t in zip(g.epilogue.extra_slots, g.epilogue.extra_types)
@@ -294,32 +290,41 @@ def _inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read)
     return None
 
 
-def _inplace_operand(g: Group) -> str | None:
-    """The slot of the operand a lone node's atom lets its output reuse (``AtomSpec.inplace``)."""
+def _inplace_operands(g: Group) -> list[str]:
+    """The slots of the operands a lone node's atom lets its output reuse (``AtomSpec.inplace``),
+    in its order of preference."""
     node = g.anchor
-    if node is None or node.atom.inplace is None or not 0 <= node.atom.inplace < len(node.input_slots):
-        return None
-    return node.input_slots[node.atom.inplace]
+    if node is None:
+        return []
+    return [node.input_slots[k] for k in inplace_operands(node.atom) if 0 <= k < len(node.input_slots)]
 
 
-def _output_inplace_source(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read,
-                           types: Mapping[str, TensorType]) -> str | None:
-    """The temporary that a lone node making a program output may be computed over in the
-    output's own array (its atom's ``inplace`` operand, of the output's very type, read last
-    here, no view or in-place chain on it): an embedding's gradient, ``scatter`` over a ``fill``,
-    then writes its zeros into the result and adds into it, with no copy of an arena buffer.
-    The executor binds such a temporary to the output's array of each run."""
-    slot = _inplace_operand(g) if not g.rewritten and g.epilogue.empty else None
-    b = buffers.get(slot) if slot is not None else None
-    if b is None or b.kind != "temporary" or b.alias_of is not None or last_read.get(slot) != gi \
-            or g.anchor.input_slots.count(slot) != 1:
-        return None
-    t, out = types[slot], types[g.output_slot]
-    if (t.axes, t.shape, t.dtype) != (out.axes, out.shape, out.dtype):
-        return None
-    if any(o.alias_of == slot for o in buffers.values()):  # (a view or an in-place chain over it)
-        return None
-    return slot
+def _output_inplace_chain(g: Group, gi: int, buffers: Mapping[str, Buffer], last_read,
+                          types: Mapping[str, TensorType]) -> list[str]:
+    """The temporaries that a lone node making a program output may compute over in the
+    output's own array: its atom's ``inplace`` operand, read last here, with the in-place chain
+    it ends (the temporary it reuses, and so on), all of the output's very type and read by
+    nothing later. An embedding's gradient, ``scatter`` over a ``fill``, then writes its zeros
+    into the result and adds into it; the seed's first tier computes its product, scales it and
+    adds ``base`` in the result, as NumPy's temporary elision does. The executor binds such
+    temporaries to the output's array of each run."""
+    out = types[g.output_slot]
+    for slot in (_inplace_operands(g) if not g.rewritten and g.epilogue.empty else ()):
+        b = buffers.get(slot)
+        if b is None or b.kind != "temporary" or last_read.get(slot) != gi \
+                or g.anchor.input_slots.count(slot) != 1:
+            continue
+        root = b.alias_of or slot
+        chain = [s for s, o in buffers.items() if o.kind == "temporary" and (o.alias_of or s) == root]
+        if buffers[root].kind != "temporary" or buffers[root].last != gi:  # (a root's last is its chain's)
+            continue
+        if any((types[s].axes, types[s].shape, types[s].dtype) != (out.axes, out.shape, out.dtype)
+               for s in chain):  # (no view: each is the output's array as it is)
+            continue
+        if any(s in chain for s in g.anchor.input_slots if s != slot):  # (read at other indices)
+            continue
+        return chain
+    return []
 
 
 def output_extras(plan: "Plan", g: Group) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from runtime.plugins.kernel import Kernel, KernelRequest
 # backend name -> factory(request) -> Kernel (runtime.plugins.kernel: the one kernel contract).
 # The kernel's operands are host NumPy arrays for "reference"/"cpu", device arrays for "cuda";
 # ``out`` is a preallocated array of the output type to fill. A kernel never writes its inputs
-# (unless the planner aliased ``out`` to the operand named by ``AtomSpec.inplace``).
+# (unless the planner aliased ``out`` to an operand ``AtomSpec.inplace`` names).
 KernelFactory = Callable[[KernelRequest], Kernel]
 
 
@@ -60,7 +60,9 @@ class AtomSpec:
     # backends whose kernel takes an epilogue (``KernelRequest.epilogue``): the planner fuses
     # elementwise successors into it, applied before each store
     anchors: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
-    inplace: int | None = None  # operand whose buffer the output may reuse
+    # operand whose buffer the output may reuse (or several, in order of preference: add's
+    # two operands of one type; the planner takes the first that is a temporary read last)
+    inplace: int | tuple[int, ...] | None = None
     # the output is operand 0's memory read in C order under another shape (a C-order
     # reshape): on a fusing backend the planner makes such an output of a temporary operand
     # an alias of that operand's buffer, and no kernel runs for it
@@ -302,3 +304,10 @@ def bind_node(spec: AtomSpec, attributes: Mapping[str, Any], input_types: Sequen
     out = spec.infer(ctx)
     return Node(index, instruction_id, spec, attributes, slots, f"%{instruction_id}",
                 tuple(input_types), out, path)
+
+
+def inplace_operands(spec: "AtomSpec") -> tuple[int, ...]:
+    """The operand positions whose buffer ``spec``'s output may reuse, in order of preference."""
+    if spec.inplace is None:
+        return ()
+    return (spec.inplace,) if isinstance(spec.inplace, int) else tuple(spec.inplace)

@@ -68,7 +68,7 @@ def atoms_table(registry) -> list[dict[str, Any]]:
             "elementwise": spec.elementwise is not None,
             "anchor_backends": _sorted_backends(spec.anchors),
             "value_checks": spec.check_values is not None,
-            "inplace": spec.inplace,
+            "inplace": list(spec.inplace) if isinstance(spec.inplace, tuple) else spec.inplace,
             "view": spec.view,
             "summary": spec.summary,
             # SPEC §3c: the operands its gradient rule serves and who gave the rule (None: no rule)
@@ -89,7 +89,8 @@ def _traits(row: dict[str, Any]) -> str:
     if row["value_checks"]:
         traits.append("value checks")
     if row["inplace"] is not None:
-        traits.append(f"in-place on {row['inputs'][row['inplace']]}")
+        on = row["inplace"] if isinstance(row["inplace"], list) else [row["inplace"]]
+        traits.append(f"in-place on {' or '.join(row['inputs'][k] for k in on)}")
     if row.get("view"):
         traits.append("view (no copy of a temporary)")
     if row.get("gradient"):

@@ -64,6 +64,7 @@ class Registry:
         self.problems: list[PluginProblem] = []
         # plugin name -> what is wrong with a plugin that loaded (a refused ScalarOp expression)
         self.atom_problems: dict[str, list[str]] = {}
+        builtins = tuple(builtins)
         for module_name in builtins:
             module = importlib.import_module(module_name)
             self.register(module, PluginInfo(module_name, "formula-runtime", _own_version()))
@@ -71,11 +72,15 @@ class Registry:
             autoload = not settings.DISABLE_PLUGIN_AUTOLOAD.read()
         if autoload:
             self._load_entry_points()
+        # a new process rebuilds this registry from the environment (the built-ins and the
+        # entry points, nothing registered or removed since): a compile worker can serve it
+        self.reproducible = builtins == tuple(BUILTIN_PLUGINS) and autoload == (not settings.DISABLE_PLUGIN_AUTOLOAD.read())
 
     # --- registration -------------------------------------------------------------------
     def register(self, plugin: object, info: PluginInfo | None = None) -> PluginInfo:
         """Register a plugin object (module or instance with hookimpls) and collect its atoms."""
         info = info or PluginInfo(getattr(plugin, "__name__", type(plugin).__name__))
+        self.reproducible = False  # (until __init__ ends: what it registers is reproducible)
         if info.name in self.plugins:
             fail("plugin_conflict", f"plugins.{info.name}",
                  f"plugin name {info.name!r} is registered twice")
@@ -144,6 +149,7 @@ class Registry:
     def unregister(self, name: str) -> None:
         """Remove a plugin and everything it registered (used by the test fixture)."""
         info = self.plugins.pop(name)
+        self.reproducible = False
         self.atom_problems.pop(name, None)
         plugin = self.pm.get_plugin(name)
         if plugin is not None:
@@ -373,8 +379,11 @@ def _check_spec(spec: object, info: PluginInfo) -> None:
         raise ValueError(f"{where}: atom {spec.name!r} has malformed references {spec.refs!r}")
     if not callable(spec.infer):
         raise TypeError(f"{where}: atom {spec.name!r} has no callable infer")
-    if spec.inplace is not None and not 0 <= spec.inplace < len(spec.inputs):
-        raise ValueError(f"{where}: atom {spec.name!r} declares inplace operand {spec.inplace}")
+    inplace = spec.inplace if isinstance(spec.inplace, tuple) else (spec.inplace,) if spec.inplace is not None else ()
+    if not all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k < len(spec.inputs) for k in inplace) \
+            or (isinstance(spec.inplace, tuple) and not inplace):
+        raise ValueError(f"{where}: atom {spec.name!r} declares inplace operand {spec.inplace!r}; "
+                         f"expected an operand position (0 to {len(spec.inputs) - 1}) or a tuple of them")
     if not isinstance(spec.view, bool) or (spec.view and len(spec.inputs) != 1):
         raise ValueError(f"{where}: atom {spec.name!r} declares view={spec.view!r}; a view atom has "
                          f"exactly one operand (it has {len(spec.inputs)})")
