@@ -458,7 +458,7 @@ def _compile(args) -> int:
 
 def _compile_program(args) -> int:
     from runtime.api import compile as compile_program
-    from runtime.execution.compiled import DRIVER_AFTER_RUNS
+    from runtime.execution.compile_worker import fill_cache
     from runtime.execution.executor import check_dims
     from runtime.kernels import compilelog
     from runtime.kernels.codegen import cache_dir
@@ -469,17 +469,10 @@ def _compile_program(args) -> int:
     registry.backend(args.backend)
     exe = compile_program(Path(args.program), backend=args.backend, registry=registry, tiered=False)
     dims = check_dims(exe.program, dims)
-    inputs, banks = random_values(exe.program, dims, memory_limit=exe.memory_limit)
-    floating = {b.name for b in exe.program.bindings if b.value_type.dtype == "floating"}
-    for values in (inputs, banks):
-        for name in floating & set(values):
-            values[name] = values[name].astype(args.dtype)
     before = compilelog.total()
     with _compile_feedback():
         started = time.perf_counter()
-        for _ in range(DRIVER_AFTER_RUNS):  # the first compiles the kernels, the last starts the compiled drivers
-            exe.run(inputs=inputs, banks=banks)
-        exe.warm()  # (after waiting for the drivers) the variants other extents take (parallel twins)
+        fill_cache(exe, dims, args.dtype)
         elapsed = time.perf_counter() - started
     compiled = compilelog.total() - before
     where = str(cache_dir())

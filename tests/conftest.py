@@ -11,3 +11,7 @@ if not settings.REAL_CUDA.read():
 # Runs compile their kernels before they return (no reference tier meanwhile): tests compare
 # and time the backends' own kernels; tests/test_tiers.py turns tiering on where it tests it.
 os.environ.setdefault("FORMULA_TIERED", "0")
+# ... and a tiered run's kernels compile in the tests' own process: a worker process would not
+# see a test's monkeypatches, and would mark plans ready in the shared cache for later tests;
+# tests/test_compile_worker.py tests the worker in fresh processes with caches of their own.
+os.environ.setdefault("FORMULA_COMPILE_WORKER", "0")

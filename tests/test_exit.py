@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # "seed" (T=64); WHEN: where the script ends. "first": right after the first (tiered, so
 # reference) run, its compile thread just started; "compiling": AFTER seconds into the LLVM
 # optimisation of a kernel in that thread; "driver-start": right after the run that starts the
-# driver's build (untiered); "driver": AFTER seconds into the driver's LLVM optimisation. Each
-# driver is new (its source stamped at random), so even a warm kernel cache compiles one.
+# driver's build (untiered); "driver": AFTER seconds into the driver's LLVM optimisation;
+# "worker": AFTER seconds after the compile worker process started (the "compiling" cases
+# compile in-process: FORMULA_COMPILE_WORKER=0). Each driver is new (its source stamped at
+# random), so even a warm kernel cache compiles one.
 SCRIPT = r"""
 import os, sys, threading, time, uuid
 import numpy as np
@@ -60,7 +62,7 @@ def wait_for(library):
     time.sleep(float(os.environ.get("AFTER", "0")))
 
 def main():
-    when, tiered = os.environ["WHEN"], os.environ["WHEN"] in ("first", "compiling")
+    when, tiered = os.environ["WHEN"], os.environ["WHEN"] in ("first", "compiling", "worker")
     doc, inputs, banks = program()
     exe = runtime.compile(doc, "cpu", tiered=tiered)
     for _ in range(1 if tiered else int(os.environ.get("RUNS", DRIVER_AFTER_RUNS))):
@@ -68,6 +70,14 @@ def main():
     assert result.tier == ("reference" if tiered else "cpu"), result.tier
     if when in ("compiling", "driver"):
         wait_for("kernel" if when == "compiling" else "driver")
+    if when == "worker":
+        from runtime.execution import background
+        deadline = time.monotonic() + 60
+        while not background._workers:
+            time.sleep(0.001)
+            assert time.monotonic() < deadline, "no compile worker started"
+        print("worker", next(iter(background._workers)).pid, flush=True)
+        time.sleep(float(os.environ.get("AFTER", "0")))
     print("ran", flush=True)
     how = os.environ["HOW"]
     if how == "exit":
@@ -105,7 +115,16 @@ def _check(done: subprocess.CompletedProcess, how: str) -> None:
     ("driver-start", "end"), ("driver", "end"), ("driver", "exit"), ("driver", "raise"),
 ])
 def test_an_exit_on_an_empty_cache_keeps_its_status(tmp_path, when, how):
-    _check(_run(tmp_path / "cache", "small", when, how, AFTER="0.05"), how)
+    _check(_run(tmp_path / "cache", "small", when, how, AFTER="0.05", FORMULA_COMPILE_WORKER="0"), how)
+
+
+@pytest.mark.parametrize("after, how", [("0", "end"), ("0.5", "exit"), ("1.5", "raise")])
+def test_an_exit_while_the_compile_worker_runs_keeps_its_status_and_ends_the_worker(tmp_path, after, how):
+    done = _run(tmp_path / "cache", "small", "worker", how, AFTER=after, FORMULA_COMPILE_WORKER="1")
+    _check(done, how)
+    pid = int(next(line for line in done.stdout.splitlines() if line.startswith("worker ")).split()[1])
+    with pytest.raises(ProcessLookupError):  # terminated and reaped at the script's exit
+        os.kill(pid, 0)
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +148,12 @@ def test_an_exit_while_the_seed_driver_compiles_keeps_its_status(seed_kernels, a
 def test_the_seed_on_an_empty_cache_exits_cleanly_while_compiling(tmp_path, when):
     for after in ("0.1", "0.4"):  # (each a fresh empty cache)
         _check(_run(tmp_path / after, "seed", when, "end", AFTER=after), "end")
+
+
+def test_the_exit_terminates_the_compile_worker_instead_of_waiting_for_it(tmp_path):
+    """The seed's kernels take the worker seconds to compile: a script that ends 0.3 s after the
+    worker started leaves no plan marked ready in the cache (waiting for the worker would)."""
+    done = _run(tmp_path / "cache", "seed", "worker", "end", AFTER="0.3", FORMULA_COMPILE_WORKER="1")
+    _check(done, "end")
+    ready = tmp_path / "cache" / "ready"
+    assert not (ready.is_dir() and any(ready.iterdir())), sorted(ready.iterdir())

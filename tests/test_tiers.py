@@ -242,6 +242,59 @@ def test_the_first_tier_sigmoid_and_silu_are_branch_free_and_close_to_the_oracle
     np.testing.assert_allclose(got, oracle, rtol=4 * np.finfo(dtype).eps, atol=1e3 * np.finfo(dtype).tiny)
 
 
+@pytest.mark.parametrize("tier", [False, True])
+def test_a_reference_contraction_proves_its_large_operands_finite_through_its_product(tier, monkeypatch):
+    """x (T x 1024) is not scanned when bound: the product x @ A.T (T x 32) is checked instead;
+    a non-finite product makes the run check x and A exactly, which names the value."""
+    import contextlib
+
+    from runtime.execution import bindings
+    from runtime.kernels.tiers import running_first_tier
+
+    exe = runtime.compile(SEED, "reference")
+    inputs, banks = _seed(64)
+    tiered = running_first_tier if tier else contextlib.nullcontext
+    with tiered():
+        exe.run(inputs=inputs, banks=banks)
+    scanned = []
+    real = bindings._all_finite
+    monkeypatch.setattr(bindings, "_all_finite", lambda a: scanned.append(a) or real(a))
+    with tiered():
+        _close(exe.run(inputs=inputs, banks=banks), inputs, banks)
+    assert not any(a is inputs["x"] or a is banks["lora.A"] for a in scanned)
+    assert any(a is inputs["base"] for a in scanned)  # (the product of B is larger than B: scanned)
+    for name, index, bad in (("x", (0, 5, 7), np.nan), ("x", (0, 63, 1023), -np.inf), ("lora.A", (3, 4), np.inf)):
+        where = inputs if name in inputs else banks
+        changed = where[name].copy()
+        changed[index] = bad
+        with tiered(), pytest.raises(runtime.FormulaError) as err:
+            exe.run(inputs={**inputs, **({name: changed} if where is inputs else {})},
+                    banks={**banks, **({name: changed} if where is banks else {})})
+        assert err.value.code == "nonfinite"
+        assert err.value.path == f"$.{'inputs' if where is inputs else 'banks'}.{name}"
+        assert f"index {list(index)}" in err.value.message
+    huge = {**inputs, "x": np.full_like(inputs["x"], 3e38)}  # finite values, an overflowing product
+    with tiered():
+        assert not np.isfinite(exe.run(inputs=huge, banks=banks)["%4"]).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_blas_finiteness_check_finds_every_position(dtype):
+    from runtime.kernels.finite import BLAS_MIN, BLAS_ROW, blas_all_finite
+
+    a = np.random.default_rng(1).standard_normal(BLAS_MIN + BLAS_ROW + 5).astype(dtype)
+    assert blas_all_finite(a) is True
+    for i in (0, BLAS_ROW - 1, BLAS_MIN, a.size - 1):  # a row's start and end, the tail
+        for bad in (np.nan, np.inf, -np.inf):
+            b = a.copy()
+            b[i] = bad
+            assert blas_all_finite(b) is None  # (the elementwise check then names it)
+    huge = np.full(BLAS_MIN, np.finfo(dtype).max / 2, dtype)
+    assert blas_all_finite(huge) is None  # an overflowing sum of finite values: undecided
+    assert blas_all_finite(a[:100]) is None and blas_all_finite(a.astype(np.float16)) is None
+    assert blas_all_finite(np.ones(2 * BLAS_MIN + 2, dtype)[::2]) is None  # (not contiguous)
+
+
 def test_a_first_tier_finiteness_check_takes_the_serial_scan(monkeypatch):
     """Numba's worker team spinning beside NumPy's BLAS threads made the seed's first tier
     2.7x slower: a first-tier run checks its values on the calling thread."""

@@ -232,6 +232,16 @@ TIERED = declare(Setting(
     "compiled yet execute on the reference kernels while a background thread compiles them.",
     "On: the first result does not wait for the compiler; off (`0`) when every run must use the "
     "compiled kernels (timing, tests).", shown="on (cpu only)"))
+COMPILE_WORKER = declare(Setting(
+    "FORMULA_COMPILE_WORKER", True, choice(("1", ""), ("0",), normalise=True), "0 or 1", "behaviour", "call",
+    "runtime/execution/tiers.py (Tiers._compile)",
+    "`0` compiles a tiered executable's kernels in a thread of the caller's process instead of a "
+    "worker process (which fills the disk cache at `FORMULA_COMPILE_NICE`, for the thread to load).",
+    "On: Numba holds the GIL while it compiles, and the first tier's runs beside an in-process "
+    "compile waited for it at every NumPy call; a worker leaves the caller's GIL to its runs. "
+    "Executables of a registry a new process cannot rebuild (plugins registered in code) always "
+    "compile in-process.",
+    "`FORMULA_COMPILE_WORKER=0|1 python bench/first_tier.py --fresh` (docs/performance.md).", "1 (worker)"))
 PIN_THREADS = declare(Setting(
     "FORMULA_PIN_THREADS", False, choice(("1",), ("0", ""), normalise=True), "one of 0, 1", "behaviour", "call",
     "runtime/kernels/threads.py (setting)",

@@ -9,7 +9,9 @@ exit (an :mod:`atexit` handler, which runs before the interpreter finalizes):
 - a thread not started yet never starts (:meth:`Thread.start` answers False);
 - a Numba compilation about to begin in one of these threads raises :class:`Cancelled`
   instead (a listener of Numba's ``numba:compile`` event), so a plan stops between kernels;
-- the compilation or disk-cache load in flight is waited for: the handler joins every thread.
+- the compilation or disk-cache load in flight is waited for: the handler joins every thread;
+- a compile worker process (``runtime.execution.compile_worker``) is terminated: its thread,
+  which waits for it, then ends without loading anything.
 
 The threads stay daemons so that the interpreter's wait for non-daemon threads, which comes
 before the atexit handlers, does not wait for whole plans to compile.
@@ -49,6 +51,7 @@ GC_GEN2_THRESHOLD = 100
 _saved_gc: list[tuple[int, ...]] = []  # the caller's thresholds while raised (and what they were set to)
 _exiting = threading.Event()
 _installed = False
+_workers: set[Any] = set()  # compile worker processes (subprocess.Popen) a thread waits for
 
 
 class Cancelled(Exception):
@@ -101,6 +104,30 @@ class Thread(threading.Thread):
         if self.ident is None:  # (never started: refused at exit, nothing to wait for)
             return
         super().join(timeout)
+
+
+def track(process) -> bool:
+    """Count a worker process (a ``subprocess.Popen``) as background work: the exit terminates
+    it rather than wait for it. False when the process has begun to exit (it is then terminated
+    here)."""
+    with _lock:
+        if not _exiting.is_set():
+            _workers.add(process)
+            return True
+    _terminate(process)
+    return False
+
+
+def untrack(process) -> None:
+    with _lock:
+        _workers.discard(process)
+
+
+def _terminate(process) -> None:
+    try:
+        process.terminate()
+    except OSError:  # (already gone)
+        pass
 
 
 def compile_nice() -> int:
@@ -180,8 +207,13 @@ def _install() -> None:
 
 
 def _at_exit() -> None:
-    """Refuse new background compilations, then wait for the ones in flight."""
+    """Refuse new background compilations, terminate the worker processes (their threads then
+    end), then wait for the compilations in flight."""
     _exiting.set()
+    with _lock:
+        workers = list(_workers)
+    for process in workers:
+        _terminate(process)
     while True:
         with _lock:
             threads = [t for t in _live if t.is_alive()]

@@ -25,7 +25,7 @@ import attrs
 import numpy as np
 
 from runtime.kernels.arrays import is_device_array
-from runtime.kernels.finite import all_finite, device_all_finite
+from runtime.kernels.finite import all_finite, blas_all_finite, device_all_finite
 from runtime.execution.banks import BankOperand, BankStore, binding_identity, tensor_fingerprint
 from runtime.core.errors import FormulaError, fail
 from runtime.plan.memory import check_shape, check_working
@@ -355,6 +355,8 @@ def _all_finite(a: np.ndarray) -> bool:
     if a.ndim == 0 and a.dtype.char in "fd":
         return math.isfinite(a.item())
     fast = all_finite(a)
+    if fast is None:
+        fast = blas_all_finite(a)  # (while the compiled scan is not built: the first tier)
     if fast is not None:
         return fast
     if a.size < 1024:
@@ -479,12 +481,19 @@ class Binder:
         skip, check = known
         if skip is None:  # asked until the executor has a plan for this structure
             deferred = self._deferred(last[0])
-            skip = frozenset() if deferred is None else deferred
             checked = resident.owned if resident is not None else NO_RESIDENT
+            if deferred is None:
+                # no plan yet (a tiered run on its reference tier, which checks the values it
+                # binds itself): none is scanned twice; the executor checks what the plan it
+                # finds does not count (Executor._run_bound)
+                deferred = frozenset(name for name, _, floating in self._order if floating and name not in checked)
+                bound = last[1]
+                return BoundValues(dict(zip(bound.values, values)), bound.dims, bound.binding_bytes,
+                                   last[0], deferred, resident.on_backend if resident is not None else NO_RESIDENT)
+            skip = deferred
             check = tuple(i for i, (name, _, floating) in enumerate(self._order)
                           if floating and name not in skip and name not in checked)
-            if deferred is not None:
-                known[:] = skip, check
+            known[:] = skip, check
         for i in check:
             if not _all_finite(values[i]):
                 return None  # the full path names the value and the index

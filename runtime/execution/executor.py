@@ -33,7 +33,7 @@ from runtime.kernels.codegen import heal_numba_cache, mark_ready
 from runtime.plan.freeaxes import FreeAxes, free_axes
 from runtime.plan.memory import memory_limit as runtime_memory_limit, no_memory_error
 from runtime.plan.planner import Plan
-from runtime.plugins.registry import Registry
+from runtime.plugins.registry import Registry, default_registry
 from runtime.program.model import Program
 
 
@@ -88,7 +88,9 @@ class Executable:
         self._chunker = Chunker(self._builder, self._launcher)
         compilelog.install()  # kernels compile lazily, on first call: say so on runtime.compile
         self.tiered = tiered_default(self.backend.name, tiered)
-        self._tiers = Tiers(self._builder, self._launcher, self._reference) if self.tiered else None
+        self._tiers = Tiers(self._builder, self._launcher, self._reference,
+                            worker=self.backend.name == "cpu" and registry is default_registry()
+                            and registry.reproducible) if self.tiered else None
 
     def _reference(self) -> Executable:
         """An executable of the same program on the ``reference`` backend (the first tier)."""
@@ -205,6 +207,8 @@ class Executable:
                                               whole=whole)
         elif bound.structure is not None and last[0] is bound.structure:
             compiled = last[1]
+            if not bound.unchecked <= compiled.deferred_finite:  # (bound before that plan was found)
+                self._binder.check_finite(bound, bound.unchecked - compiled.deferred_finite, inputs, banks)
         else:
             compiled = self._by_structure.get(bound.structure) if bound.structure is not None else None
             if compiled is not None:  # (its plan is the latest used too: the plan cache keeps it longest)

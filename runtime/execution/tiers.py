@@ -14,6 +14,7 @@ import numpy as np
 from runtime.core import settings
 from runtime.core.errors import FormulaError
 from runtime.execution import background
+from runtime.execution.compile_worker import fill_in_worker
 from runtime.execution.compiled import CompiledPlan, PlanBuilder
 from runtime.execution.launches import Launcher
 from runtime.execution.plancache import PlanKey, plan_key
@@ -43,16 +44,21 @@ class Tiers:
     the first run's values: the kernels, then the one-call driver) and their other variants,
     then publishes it in ``builder.cache``; the next run after that takes it.
 
-    A thread rather than a worker process: Numba releases no GIL while it compiles, but the
-    reference runs meanwhile spend their time in NumPy, which does; and a process would have to
-    rebuild the registry and the plan, then still load every kernel from the disk cache here.
-    A plan whose kernels the disk cache holds (its readiness marker) is built in the foreground.
+    The thread first has a worker process fill the disk cache (``compile_worker``), where it
+    can: Numba holds the GIL while it compiles, and the reference runs beside it waited for the
+    GIL at every NumPy call. Loading the plan from the cache then holds it for far less. A plan
+    whose kernels the disk cache holds (its readiness marker) is built in the foreground.
     """
 
-    def __init__(self, builder: PlanBuilder, launcher: Launcher, reference: Callable[[], Any]):
+    def __init__(self, builder: PlanBuilder, launcher: Launcher, reference: Callable[[], Any],
+                 worker: bool = False):
+        """``worker``: whether a worker process can compile for this executable (its registry is
+        one a new process rebuilds: ``Registry.reproducible``); ``FORMULA_COMPILE_WORKER`` may
+        still say no, per compile."""
         self._builder = builder
         self._launcher = launcher
         self._reference = reference
+        self._worker = worker
         self._lock = threading.Lock()
         self._pending: dict[PlanKey, background.Thread] = {}
         self._errors: dict[PlanKey, FormulaError] = {}
@@ -76,6 +82,8 @@ class Tiers:
             raise error
         if known:
             return builder.compiled(dict(bound.dims), dtypes, resident)
+        if key in self._pending:  # (its worker may have marked it ready: the thread loads it)
+            return None
         if ready_marker(builder.ready_key(dtypes, resident)).is_file():
             # kernels of these dtypes are in the disk cache: loading them beats the reference
             # tier; their variants (parallel twins, tails) load in the background from the next
@@ -110,6 +118,14 @@ class Tiers:
     def _compile(self, key: PlanKey, dims, dtypes, resident, bound, values) -> None:
         builder = self._builder
         try:
+            if self._worker and settings.COMPILE_WORKER.read():
+                # the kernels compile in a worker process, without this one's GIL; whatever it
+                # answers, the build below loads what it filled (or compiles what it did not)
+                fill_in_worker(builder.program, builder.backend.name, builder.memory_limit, dims, dtypes,
+                               bool(resident), sum(int(getattr(v, "nbytes", 0)) for v in values.values()),
+                               background.compile_nice())
+                if background.exiting():
+                    return
             compiled = builder.build(dims, dtypes, resident)
             compiled.driver_after = 2  # (its drivers start building on the second run here)
             copy = attrs.evolve(bound, values=values, structure=None)
