@@ -255,7 +255,9 @@ def _ref_scalar_map(request: KernelRequest) -> Kernel:
             if not first_tier():
                 out[...] = scalar_map_numpy(mode, x)
             elif out.dtype == acc and out.shape == x.shape and not np.may_share_memory(x, out):
-                scalar_map_first_tier(mode, x, out)
+                got = scalar_map_first_tier(mode, x, out)  # (only sigmoid and silu compute in out)
+                if got is not out:
+                    out[...] = got
             else:
                 out[...] = scalar_map_first_tier(mode, x)
     return plain_kernel(run)

@@ -242,6 +242,58 @@ def test_the_first_tier_sigmoid_and_silu_are_branch_free_and_close_to_the_oracle
     np.testing.assert_allclose(got, oracle, rtol=4 * np.finfo(dtype).eps, atol=1e3 * np.finfo(dtype).tiny)
 
 
+def test_the_first_tier_agrees_with_the_oracle_on_the_block_and_its_gradient():
+    """Every atom of the transformer block and of its split gradient's forward (saved values
+    included), on the first tier's kernels and in-place plans, against the oracle; twice, so
+    that the second run reads arena memory the first left behind."""
+    from runtime.kernels.tiers import running_first_tier
+
+    dims = {"D": 64, "H": 4, "F": 128}
+    program = transformer.transformer_block_program(full=True, dims=dims)
+    data = transformer.transformer_block_data(24, full=True, dims=dims)
+    g = runtime.vjp(program, wrt=[b["name"] for b in program["bindings"] if b["kind"] == "bank"
+                                  and b["value_type"]["dtype"] in ("floating", "float32")])
+    for prog in (program, g.split("save-all").forward):
+        banks = {n: data["banks"][n] for n in (b["name"] for b in prog["bindings"] if b["kind"] == "bank")}
+        oracle = runtime.compile(prog, "reference").run(inputs=data["inputs"], banks=banks)
+        exe = runtime.compile(prog, "reference")
+        for _ in range(2):
+            with running_first_tier():
+                got = exe.run(inputs=data["inputs"], banks=exe.load_banks(banks))
+            for slot, want in oracle.items():
+                np.testing.assert_allclose(np.asarray(got[slot], np.float64), np.asarray(want, np.float64),
+                                           rtol=2e-4, atol=2e-4, err_msg=slot)
+    assert len(g.gradients) > 3
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_every_scalar_map_mode_on_the_first_tier_writes_its_whole_output(dtype):
+    """Each mode's result reaches the caller's ``out`` (filled with a sentinel first), in place
+    and not: a mode computed apart from its output once left that output unwritten."""
+    from atoms.elementwise import MODES_V2
+    from runtime.build import ProgramBuilder
+    from runtime.kernels.tiers import running_first_tier
+
+    x = (np.random.default_rng(3).standard_normal((5, 7)) * 3).astype(dtype)
+    x_pos = np.abs(x) + 0.5  # (log, rsqrt, reciprocal: finite results)
+    acc = {"accumulation_dtype": "activation"}
+    for mode in MODES_V2:
+        b = ProgramBuilder(dtype)
+        v = b.input("x", {"T": 5, "D": 7})
+        y = b.op("scalar-map@2", [b.op("scalar-map@2", [v], {"mode": "abs", **acc})], {"mode": mode, **acc})  # (in place)
+        z = b.op("scalar-map@2", [v], {"mode": mode, **acc})  # (over a binding: not in place)
+        program = b.build(outputs=[y, z])
+        value = x_pos if mode in ("log", "rsqrt", "reciprocal", "log1p") else x
+        oracle = runtime.compile(program, "reference").run(inputs={"x": value})
+        exe = runtime.compile(program, "reference")
+        out = {y: np.full((5, 7), 12345.0, dtype), z: np.full((5, 7), 12345.0, dtype)}
+        with running_first_tier():
+            exe.run(inputs={"x": value}, out=out)
+        for slot in (y, z):
+            eps = np.finfo(dtype).eps
+            np.testing.assert_allclose(out[slot], oracle[slot], rtol=8 * eps, atol=8 * eps, err_msg=f"{mode} {slot}")
+
+
 @pytest.mark.parametrize("tier", [False, True])
 def test_a_reference_contraction_proves_its_large_operands_finite_through_its_product(tier, monkeypatch):
     """x (T x 1024) is not scanned when bound: the product x @ A.T (T x 32) is checked instead;
