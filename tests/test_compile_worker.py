@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import runtime
 from runtime.plugins.registry import Registry, default_registry
 
@@ -19,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the tiers, whether the results agree, and how many kernels this process compiled itself
 SCRIPT = r"""
 import json, os
+import numpy as np
 import runtime
 from runtime.build import ProgramBuilder
 from runtime.kernels import compilelog
@@ -98,3 +101,17 @@ def test_the_worker_is_not_asked_for_values_over_its_bound(monkeypatch):
     assert compile_worker.fill_in_worker(program, "cpu", None, {"B": 1, "S": 4}, {}, False,
                                          compile_worker.WORKER_MAX_BYTES + 1, 10) is False
     assert started == []
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float64"])
+def test_fill_cache_takes_every_float_dtype_and_resident_banks(dtype):
+    """What a worker runs, here in-process: random values of each binding's dtype (bfloat16 by
+    its name too), the banks resident when the caller's are."""
+    from runtime.execution.compile_worker import fill_cache
+
+    exe = runtime.compile(ROOT / "examples" / "seed-lora-silu.program.json", "cpu", tiered=False)
+    floating = {b.name: dtype for b in exe.program.bindings if b.value_type.dtype == "floating"}
+    fill_cache(exe, {"B": 1, "S": 8}, floating, resident=True)
+    assert exe.wait_compiled(timeout=60)
+    (key,) = exe._plans.keys()
+    assert dict(key.dtypes) == floating and key.resident  # (the plan the caller's runs key)

@@ -51,6 +51,7 @@ def fill_cache(exe, dims: Mapping[str, int], dtypes: Mapping[str, str] | str, re
     dtype per ``floating`` binding, or one for all), in every variant a later extent may take,
     with its drivers, by running it on random values; the plan is then marked ready in the
     cache. ``resident``: its banks as ``exe.load_banks`` keeps them."""
+    from runtime.core.types import numpy_dtype
     from runtime.execution.compiled import DRIVER_AFTER_RUNS
     from runtime.execution.values import random_values
 
@@ -58,7 +59,7 @@ def fill_cache(exe, dims: Mapping[str, int], dtypes: Mapping[str, str] | str, re
     for b in exe.program.bindings:
         if b.value_type.dtype == "floating":
             values = inputs if b.name in inputs else banks
-            values[b.name] = values[b.name].astype(dtypes if isinstance(dtypes, str) else dtypes[b.name])
+            values[b.name] = values[b.name].astype(numpy_dtype(dtypes if isinstance(dtypes, str) else dtypes[b.name]))
     run_banks = exe.load_banks(banks) if resident else banks
     for _ in range(DRIVER_AFTER_RUNS):  # the first compiles the kernels, the last starts the compiled drivers
         exe.run(inputs=inputs, banks=run_banks)
