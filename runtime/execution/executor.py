@@ -33,7 +33,7 @@ from runtime.kernels.codegen import heal_numba_cache, mark_ready
 from runtime.plan.freeaxes import FreeAxes, free_axes
 from runtime.plan.memory import memory_limit as runtime_memory_limit, no_memory_error
 from runtime.plan.planner import Plan
-from runtime.plugins.registry import Registry, default_registry
+from runtime.plugins.registry import Registry, is_default_registry
 from runtime.program.model import Program
 
 
@@ -89,7 +89,7 @@ class Executable:
         compilelog.install()  # kernels compile lazily, on first call: say so on runtime.compile
         self.tiered = tiered_default(self.backend.name, tiered)
         self._tiers = Tiers(self._builder, self._launcher, self._reference,
-                            worker=self.backend.name == "cpu" and registry is default_registry()
+                            worker=self.backend.name == "cpu" and is_default_registry(registry)
                             and registry.reproducible) if self.tiered else None
 
     def _reference(self) -> Executable:

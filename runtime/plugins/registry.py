@@ -414,6 +414,11 @@ _default: Registry | None = None
 _default_lock = threading.Lock()
 
 
+def is_default_registry(registry: Registry) -> bool:
+    """Whether ``registry`` is the process's default one (without making the default)."""
+    return registry is _default
+
+
 def default_registry() -> Registry:
     global _default
     with _default_lock:
