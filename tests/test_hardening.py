@@ -167,10 +167,12 @@ def test_d7_loading_is_linear_in_the_instruction_count():
             times.append(time.perf_counter() - t0)
         return min(times)
 
-    t_small = best(small, 3)
-    t_large = best(large, 2)  # took over 120 s when validation was quadratic
+    t_small = best(small, 5)
+    t_large = best(large, 3)  # took over 120 s when validation was quadratic
     assert t_large < 10
-    assert t_large < 30 * max(t_small, 0.01)  # 10x the instructions: linear, with a wide margin
+    # 10x the instructions: quadratic would take 100x; 50x leaves room for the garbage
+    # collector's passes over more live objects and a busy neighbour (30x once failed at 30.6x)
+    assert t_large < 50 * max(t_small, 0.01)
 
 
 @pytest.mark.slow  # (CI runs the slow set after the suite: README)
