@@ -43,16 +43,17 @@ FORM_IDS = {None: 0, "dot": 1, "bcast": 2, "bcast packed left": 3, "blocked": 4}
 ALL_FORMS = frozenset(FORM_IDS.values())
 
 
-# a weight gradient (K-leading left operand) of at most this many rows, over a right operand
-# of at least this many elements, takes BLAS: the blocked tiles pack the whole right operand
-# per call and stream it from memory once per row tile (the seed's dA at T=8192, 32 x 1024 x
-# 8192; docs/performance.md, tuning log: bench/lab/skinny_forms.py --region wgrad)
-WGRAD_BLAS_ROWS, WGRAD_BLAS_RIGHT = 32, 8 << 20
-
-# ... and so does a batched one of at most this many rows per batch: the blocked tiles pack
-# each batch's whole right operand for a few rows (attention's dV = dOᵀ·P per head, 64 rows:
-# 1.74 -> 1.57 ms at S=512, 52 -> 24 ms at S=2048; docs/performance.md, tuning log)
+# a batched weight gradient (K-leading left operand) of at most this many rows per batch
+# takes BLAS: the blocked tiles pack each batch's whole right operand for a few rows
+# (attention's dV = dOᵀ·P per head, 64 rows: 1.74 -> 1.57 ms at S=512, 52 -> 24 ms at S=2048;
+# docs/performance.md, tuning log). An unbatched one of few rows keeps the blocked tiles,
+# which split its columns across threads (BLOCKED_COLUMN_COLS): the seed's dA at T=8192,
+# 32 x 1024 x 8192, 6.0-6.4 ms against BLAS's 11.0-12.5 (tuning log, WGRAD_BLAS_RIGHT)
 BATCHED_WGRAD_BLAS_ROWS = 64
+
+# a BLAS weight gradient (K-leading left operand) of at most this many rows makes one row tile:
+# its columns are cut across threads instead (WGRAD_SPLIT_COLS)
+WGRAD_BLAS_ROWS = 32
 
 # a K-leading left operand over a narrow right one (dot's region, which dot cannot read) takes
 # BLAS from this K on: bcast's column reads cost more than BLAS's packing (docs/performance.md,
@@ -85,8 +86,7 @@ def form_for(nb: int, m: int, n: int, k: int, dt: str, dot_ok: bool = True, left
     weight axes that no chunked run slices): BLAS where the micro-kernels read it poorly,
     ``WGRAD_BLAS_ROWS``, ``BATCHED_WGRAD_BLAS_ROWS`` and ``WGRAD_BLAS_MIN_K``."""
     form = micro.choose_form(nb, m, n, k, dt)
-    if form == "blocked" and left_k_leading and (nb * m <= WGRAD_BLAS_ROWS and k * n >= WGRAD_BLAS_RIGHT
-                                                 or nb > 1 and m <= BATCHED_WGRAD_BLAS_ROWS):
+    if form == "blocked" and left_k_leading and nb > 1 and m <= BATCHED_WGRAD_BLAS_ROWS:
         return None
     if form in ("dot", "bcast") and left_k_leading and n <= micro.DOT_MAX_N and k >= WGRAD_BLAS_MIN_K:
         # a narrow product over a long K (dot's region, which dot cannot read with this left

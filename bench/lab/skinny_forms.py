@@ -38,16 +38,13 @@ def kernel(m: int, k: int, n: int, dt: str, form: str | None, resident: bool, sc
     rt = TensorType(("k", "j"), (k, n), dt, "d") if k_leading else TensorType(("j", "k"), (n, k), dt, "d")
     node = bind_node(spec, {"reduce_axes": [["k", "k"]], "output_axes": ["i", "j"],
                             "accumulation_dtype": "float32"}, [lt, rt])
-    from atoms.contract import tiles
-
-    chosen, rows = micro.choose_form, tiles.WGRAD_BLAS_ROWS
+    chosen = micro.choose_form
     micro.choose_form = lambda *dims: form
-    tiles.WGRAD_BLAS_ROWS = -1  # (the form asked for, not the weight-gradient rule's BLAS)
     try:
         return spec.kernels["cpu"](request_for(node, resident=frozenset({1}) if resident else frozenset(),
                                                count_inputs=(0,) if scan else ()))
     finally:
-        micro.choose_form, tiles.WGRAD_BLAS_ROWS = chosen, rows
+        micro.choose_form = chosen
 
 
 def main() -> None:
