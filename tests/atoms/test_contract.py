@@ -498,6 +498,14 @@ def test_micro_forms_chosen_for_the_seed_shapes():
     assert micro.choose_form(1, 512, 512, 512) == "blocked"  # the rest: the blocked GEMM
     assert micro.choose_form(1, 128, 2048, 512) == "blocked"  # (a block's MLP at 128 tokens)
     assert micro.choose_form(1, 512, 128, 512) is None  # narrow: BLAS as fast
+    from atoms.contract import tiles
+
+    # the seed's weight gradients at T=8192 (K-leading left operands): dA keeps the micro-kernel
+    # form (the blocked tiles, with their column tiles, beat BLAS there); dB (narrow, long K)
+    # and a batched one of few rows per batch (attention's dV) take BLAS
+    assert tiles.form_for(1, 32, 1024, 8192, "float32", True, True) == micro.choose_form(1, 32, 1024, 8192) is not None
+    assert tiles.form_for(1, 1024, 32, 8192, "float32", True, True) is None
+    assert tiles.form_for(8, 64, 64, 512, "float32", True, True) is None
     assert micro.choose_form(1, 8, 512, 512) == micro.choose_form(1, 5, 512, 512) == "blocked"
     assert micro.usable("dot", 0, 1) and not micro.usable("dot", 1, 1) and micro.usable("bcast", 1, 0)
     assert micro.usable("blocked", 1, 0) and micro.usable("blocked", 0, 1)
