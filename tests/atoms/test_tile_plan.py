@@ -30,14 +30,22 @@ def test_every_plan_covers_the_rows_once_in_whole_register_blocks(dims, dt, scan
     assert plan.form_id == tiles.FORM_IDS["bcast packed left" if plan.pack_left else plan.form]
 
 
-def test_few_row_blas_weight_gradients_split_their_columns_over_the_threads():
+def test_few_row_weight_gradients_split_their_columns_over_the_threads(monkeypatch):
     """The seed's dA at T=8192 (32 x 1024 x 8192, K-leading left): two row tiles of 16 rows
-    each read all of x; a column tile per thread reads half of it, for all 32 rows."""
-    plan = tiles.plan_tiles((1, 32, 1024, 8192), "float32", threads=2, dot_ok=False, left_k_leading=True)
+    each read all of x; a column tile per thread reads half of it, for all 32 rows: on the
+    blocked tiles (BLOCKED_COLUMN_COLS), and on BLAS where a dtype or CPU takes BLAS for it
+    (WGRAD_SPLIT_COLS)."""
+    dims = (1, 32, 1024, 8192)
+    plan = tiles.plan_tiles(dims, "float32", threads=2, dot_ok=False, left_k_leading=True)
+    form = micro.choose_form(*dims)  # (blocked: its tile is whole strips of rows, 36 on AVX2)
+    assert (plan.form, plan.tm, plan.tn, plan.ntiles, plan.nwork) == (form, micro.whole_blocks(form, 32), 512, 2, 2)
+    monkeypatch.setattr(tiles, "form_for", lambda *a, **k: None)  # (BLAS)
+    plan = tiles.plan_tiles(dims, "float32", threads=2, dot_ok=False, left_k_leading=True)
     assert (plan.form, plan.tm, plan.tn, plan.ntiles, plan.nwork) == (None, 32, 512, 2, 2)
-    assert tiles.plan_tiles((1, 32, 1024, 8192), "float32", threads=1, dot_ok=False, left_k_leading=True).tn == 1024
+    assert tiles.plan_tiles(dims, "float32", threads=1, dot_ok=False, left_k_leading=True).tn == 1024
     for dims in ((1, 1024, 32, 8192), (1, 2, 1024, 8192), (4, 32, 1024, 8192)):  # rows enough, gemv, batches
         assert tiles.plan_tiles(dims, "float32", threads=2, dot_ok=False, left_k_leading=True).tn == dims[2]
+    monkeypatch.undo()
     bcast = tiles.plan_tiles((1, 300, 64, 1024), "float32", threads=2)  # bcast tiles are never cut along N
     assert bcast.form == "bcast" and bcast.tn == 64
 
@@ -202,16 +210,15 @@ def test_a_layout_the_dot_tile_cannot_read_takes_bcast_not_blas():
         assert tiles.FORM_IDS["dot"] in tiles.kernel_forms(32, 1024, "float32")
 
 
-def test_a_short_weight_gradient_over_a_large_right_operand_takes_blas():
-    """gᵀ·x of the seed at T=8192 (32 x 1024, K = 8192, the left operand K-leading): BLAS, not
-    blocked tiles that re-stream the packed right operand per row tile; a forward of the same
-    shape (the left operand M-leading, whose rows a chunked run may slice) keeps the tiles."""
+def test_a_short_weight_gradient_over_a_large_right_operand_keeps_the_blocked_tiles():
+    """gᵀ·x of the seed at T=8192 (32 x 1024, K = 8192, the left operand K-leading): the blocked
+    tiles, whose column tiles split it over the threads, were faster than BLAS (docs/performance.md,
+    tuning log: WGRAD_BLAS_RIGHT, removed); a forward of the same shape keeps them too."""
     dims = (1, 32, 1024, 8192)
-    assert tiles.plan_tiles(dims, "float32", left_k_leading=True).form is None
+    assert tiles.plan_tiles(dims, "float32", left_k_leading=True).form == micro.choose_form(*dims) == "blocked"
     assert tiles.plan_tiles(dims, "float32").form == "blocked"
-    assert tiles.plan_tiles((1, 64, 1024, 8192), "float32", left_k_leading=True).form == "blocked"
-    assert tiles.plan_tiles((1, 32, 1024, 1024), "float32", left_k_leading=True).form == "blocked"
-    # a kernel of that N and K links both: which one a call takes depends on its rows
+    assert tiles.plan_tiles((1, 16, 4096, 8192), "float32", left_k_leading=True).form == "blocked"
+    # a kernel of that N and K links BLAS too (gemv rows, other tiles): which one a call takes depends on its rows
     assert {tiles.FORM_IDS[None], tiles.FORM_IDS["blocked"]} <= tiles.kernel_forms(1024, 8192, "float32",
                                                                                   left_k_leading=True)
 
