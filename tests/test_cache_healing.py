@@ -112,3 +112,53 @@ def test_a_new_cache_directory_is_private(tmp_path, fresh_cache_state):
     fresh_cache_state.setenv("FORMULA_CACHE_DIR", str(tmp_path / "a" / "b"))
     assert codegen.cache_dir() == tmp_path / "a" / "b"
     assert stat.S_IMODE((tmp_path / "a" / "b").stat().st_mode) == 0o700
+
+
+# a function of two overloads whose cache entries are swapped: each index entry names the
+# other overload's code (what two processes saving overloads at once can leave)
+SWAPPED = """
+import json, logging, sys
+import numpy as np
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+import runtime  # (the healing: runtime.kernels.codegen.heal_numba_cache)
+from runtime.kernels.codegen import heal_numba_cache
+heal_numba_cache()
+sys.path.insert(0, sys.argv[1])
+from twoways import count
+print(json.dumps([int(count(np.array([1, 2, 3], np.uint32), np.uint32(2))),
+                  int(count(np.array([1, 2, 3, 2], np.uint64), np.uint64(2)))]))
+"""
+
+TWOWAYS = """
+import numpy as np
+from numba import njit
+
+@njit(cache=True)
+def count(bits, value):
+    n = 0
+    for i in range(bits.size):
+        n += bits[i] == value
+    return n
+"""
+
+
+def test_an_entry_holding_another_overloads_code_is_evicted_not_called(tmp_path):
+    (tmp_path / "twoways.py").write_text(TWOWAYS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CACHE")}
+    env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba")
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", SWAPPED, str(tmp_path)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert json.loads(done.stdout.splitlines()[-1]) == [1, 2]
+        return done.stderr
+
+    run()  # both overloads compiled and saved
+    data = sorted((tmp_path / "numba").rglob("*.nbc"))
+    assert len(data) == 2, data
+    first, second = (path.read_bytes() for path in data)
+    data[0].write_bytes(second)
+    data[1].write_bytes(first)
+    assert "evicted an unreadable Numba cache entry" in run()  # (unswapped, the call failed: TypeError)
+    assert "evicted" not in run()  # the recompiled entries serve the next process

@@ -112,8 +112,9 @@ def cache_dir_problem(path: Path) -> str | None:
 
 def heal_numba_cache() -> None:
     """Make Numba's disk cache self-healing (once per process): an entry that fails to load
-    (truncated or corrupt index or data, an inconsistent pickle) is evicted with a warning and
-    the function recompiled; a failure to save one only costs the cache."""
+    (truncated or corrupt index or data, an inconsistent pickle, or code compiled for other
+    argument types) is evicted with a warning and the function recompiled; a failure to save
+    one only costs the cache."""
     global _healing
     with _lock:
         if _healing:
@@ -127,6 +128,14 @@ def heal_numba_cache() -> None:
                 got = load(self, sig, target_context)
             except Exception as exc:  # numba raises whatever unpickling raised
                 _evict(self, exc)
+                return None
+            args = getattr(getattr(got, "signature", None), "args", None)
+            if got is not None and args is not None and tuple(args) != tuple(sig):
+                # another overload's code under this one's entry: two processes saving overloads
+                # of one function at once can both take a data file's name (Numba picks the first
+                # free one from the index each read), and called with these arguments it failed
+                # with "can't unbox array" (a cold cache, two test workers)
+                _evict(self, TypeError(f"the entry for {tuple(sig)} holds code for {tuple(args)}"))
                 return None
             if got is not None:
                 from runtime.kernels import compilelog
