@@ -130,12 +130,14 @@ def heal_numba_cache() -> None:
                 _evict(self, exc)
                 return None
             args = getattr(getattr(got, "signature", None), "args", None)
-            if got is not None and args is not None and tuple(args) != tuple(sig):
+            want = getattr(sig, "args", sig)  # (the argument types, or a Signature of them)
+            if got is not None and args is not None and isinstance(want, (tuple, list)) \
+                    and tuple(args) != tuple(want):
                 # another overload's code under this one's entry: two processes saving overloads
                 # of one function at once can both take a data file's name (Numba picks the first
                 # free one from the index each read), and called with these arguments it failed
                 # with "can't unbox array" (a cold cache, two test workers)
-                _evict(self, TypeError(f"the entry for {tuple(sig)} holds code for {tuple(args)}"))
+                _evict(self, TypeError(f"the entry for {tuple(want)} holds code for {tuple(args)}"))
                 return None
             if got is not None:
                 from runtime.kernels import compilelog
