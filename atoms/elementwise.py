@@ -254,12 +254,11 @@ def _ref_scalar_map(request: KernelRequest) -> Kernel:
             x = np.asarray(inputs[0]).astype(acc, copy=False)
             if not first_tier():
                 out[...] = scalar_map_numpy(mode, x)
-            elif out.dtype == acc and out.shape == x.shape and not np.may_share_memory(x, out):
-                got = scalar_map_first_tier(mode, x, out)  # (only sigmoid and silu compute in out)
-                if got is not out:
-                    out[...] = got
-            else:
-                out[...] = scalar_map_first_tier(mode, x)
+                return
+            into = out if out.dtype == acc and out.shape == x.shape and not np.may_share_memory(x, out) else None
+            got = scalar_map_first_tier(mode, x, into)  # (only sigmoid and silu compute in ``into``)
+            if got is not out:
+                out[...] = got
     return plain_kernel(run)
 
 

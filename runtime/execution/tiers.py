@@ -122,7 +122,7 @@ class Tiers:
                 # the kernels compile in a worker process, without this one's GIL; whatever it
                 # answers, the build below loads what it filled (or compiles what it did not)
                 fill_in_worker(builder.program, builder.backend.name, builder.memory_limit, dims, dtypes,
-                               bool(resident), sum(int(getattr(v, "nbytes", 0)) for v in values.values()),
+                               bool(resident), bound.binding_bytes,
                                background.compile_nice())
                 if background.exiting():
                     return

@@ -18,7 +18,7 @@ import attrs
 import pluggy
 
 from runtime.plugins import failures, hookspecs
-from runtime.plugins.atomspec import AtomSpec
+from runtime.plugins.atomspec import AtomSpec, inplace_operands
 from runtime.plugins.expressions import probe
 from runtime.core import settings
 from runtime.core.errors import FormulaError, did_you_mean, fail
@@ -379,7 +379,8 @@ def _check_spec(spec: object, info: PluginInfo) -> None:
         raise ValueError(f"{where}: atom {spec.name!r} has malformed references {spec.refs!r}")
     if not callable(spec.infer):
         raise TypeError(f"{where}: atom {spec.name!r} has no callable infer")
-    inplace = spec.inplace if isinstance(spec.inplace, tuple) else (spec.inplace,) if spec.inplace is not None else ()
+    inplace = inplace_operands(spec) if spec.inplace is None or isinstance(spec.inplace, (int, tuple)) \
+        else (spec.inplace,)  # (anything else is refused below)
     if not all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k < len(spec.inputs) for k in inplace) \
             or (isinstance(spec.inplace, tuple) and not inplace):
         raise ValueError(f"{where}: atom {spec.name!r} declares inplace operand {spec.inplace!r}; "
