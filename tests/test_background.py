@@ -44,7 +44,13 @@ def test_the_switch_interval_is_short_while_a_background_thread_lives():
     before = sys.getswitchinterval()
     assert before > background.SWITCH_INTERVAL  # (CPython's default, 5 ms)
     go, seen = threading.Event(), []
-    first = background.Thread(lambda: go.wait(10), "formula-test-a")
+
+    def compile_like():  # (gen-1 passes past the caller's third threshold: a full pass is due)
+        go.wait(10)
+        for _ in range(before[2] + 2):
+            real(1)
+
+    first = background.Thread(compile_like, "formula-test-a")
     second = background.Thread(lambda: seen.append(sys.getswitchinterval()), "formula-test-b")
     assert first.start()
     assert sys.getswitchinterval() <= background.SWITCH_INTERVAL
@@ -71,7 +77,8 @@ def test_full_collections_are_rarer_while_a_background_thread_lives(monkeypatch)
     """A compile makes long-lived objects fast: at CPython's thresholds the block's cold compile
     ran 28 full collections, each holding the GIL for 50-120 ms. While a background thread
     lives the third threshold is at least GC_GEN2_THRESHOLD; the caller's comes back after,
-    and the last thread collects once (so that the next run does not)."""
+    and the last thread collects once if a full collection is then due (so that the next run
+    does not); a short one, which leaves none due, collects nothing."""
     import gc
 
     before = gc.get_threshold()
@@ -80,7 +87,13 @@ def test_full_collections_are_rarer_while_a_background_thread_lives(monkeypatch)
     real = gc.collect
     monkeypatch.setattr(gc, "collect", lambda *a: collected.append(threading.current_thread().name) or real(*a))
     go, seen = threading.Event(), []
-    first = background.Thread(lambda: go.wait(10), "formula-test-a")
+
+    def compile_like():  # (gen-1 passes past the caller's third threshold: a full pass is due)
+        go.wait(10)
+        for _ in range(before[2] + 2):
+            real(1)
+
+    first = background.Thread(compile_like, "formula-test-a")
     second = background.Thread(lambda: seen.append(gc.get_threshold()), "formula-test-b")
     assert first.start() and second.start()
     second.join()
@@ -89,6 +102,10 @@ def test_full_collections_are_rarer_while_a_background_thread_lives(monkeypatch)
     go.set()
     first.join()
     assert gc.get_threshold() == before and collected == ["formula-test-a"]
+    short = background.Thread(lambda: None, "formula-test-short")  # (no full collection due after it)
+    assert short.start()
+    short.join()
+    assert not background.full_collection_due() and collected == ["formula-test-a"]
     try:  # thresholds the caller set meanwhile stay, and nothing is collected for it
         go.clear()
         third = background.Thread(lambda: go.wait(10), "formula-test-c")
