@@ -257,6 +257,13 @@ def _packs(exe):
     return found
 
 
+def _entries(packs, residents) -> int:
+    """The entries of a resident-pack cache that hold one of these resident banks' values (the
+    cache is shared by every kernel that packs alike, other tests' values included)."""
+    ours = {id(a) for r in residents for a in r.on_backend.values()}
+    return sum(1 for key, (ref, _) in list(packs._packed.items()) if key in ours and ref() is not None)
+
+
 def test_a_resident_right_operand_is_packed_once_per_value_and_never_stale():
     import gc
 
@@ -270,21 +277,32 @@ def test_a_resident_right_operand_is_packed_once_per_value_and_never_stale():
     got = exe.run(inputs=inputs, banks=first)["%4"].copy()
     np.testing.assert_array_equal(got, per_run)  # the same packed values, the same sums
     packs = _packs(exe)  # (h·Bᵀ's; on AVX-512 x·Aᵀ's bcast tiles pack A too)
-    assert 1 <= len(packs) <= 2 and all(len(p._packed) == 1 for p in packs)
-    calls = []
+    assert 1 <= len(packs) <= 2 and all(_entries(p, [first]) == 1 for p in packs)
+    calls, originals = [], [p._pack for p in packs]
     for p in packs:
         p._pack = (lambda pack: lambda value: calls.append(1) or pack(value))(p._pack)
-    for trace in (False, True, False):  # the driver and kernel by kernel both take it
-        np.testing.assert_array_equal(exe.run(inputs=inputs, banks=first, trace=trace)["%4"], per_run)
-    assert calls == []
-    second = exe.load_banks(other)  # same shapes, other values: packed anew, never the old pack
-    want = exe.run(inputs=inputs, banks=other)["%4"].copy()
-    np.testing.assert_array_equal(exe.run(inputs=inputs, banks=second)["%4"], want)
-    assert calls == [1] * len(packs) and all(len(p._packed) == 2 for p in packs)
-    np.testing.assert_array_equal(exe.run(inputs=inputs, banks=first)["%4"], per_run)
-    del first
-    gc.collect()
-    assert all(len(p._packed) == 1 for p in packs)  # the dead value's pack went with it
+    try:
+        for trace in (False, True, False):  # the driver and kernel by kernel both take it
+            np.testing.assert_array_equal(exe.run(inputs=inputs, banks=first, trace=trace)["%4"], per_run)
+        assert calls == []
+        # a new extent's plan packs nothing: its kernels share the packs of the last plan's
+        more, _ = random_values(program, {"B": 1, "S": T + 40}, seed=3)
+        want = exe.run(inputs=more, banks=banks)["%4"].copy()
+        np.testing.assert_array_equal(exe.run(inputs=more, banks=first)["%4"], want)
+        assert calls == [] and {id(p) for p in _packs(exe)} == {id(p) for p in packs}
+        second = exe.load_banks(other)  # same shapes, other values: packed anew, never the old pack
+        want = exe.run(inputs=inputs, banks=other)["%4"].copy()
+        np.testing.assert_array_equal(exe.run(inputs=inputs, banks=second)["%4"], want)
+        assert calls == [1] * len(packs) and all(_entries(p, [first, second]) == 2 for p in packs)
+        np.testing.assert_array_equal(exe.run(inputs=inputs, banks=first)["%4"], per_run)
+        first_ids = {id(a) for a in first.on_backend.values()}
+        del first
+        gc.collect()
+        # the dead value's pack went with it
+        assert all(_entries(p, [second]) == 1 and not first_ids & set(p._packed) for p in packs)
+    finally:
+        for p, pack in zip(packs, originals):  # (shared with later tests' kernels)
+            p._pack = pack
 
 
 def mlp_program(d=160, f=300, e=272, mode="gelu"):

@@ -81,8 +81,8 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
     if form in ("bcast", "blocked") and got is not None and got[2]:
         if 1 in request.resident:  # resident: pack once per value
             module = micro.pack_module(dt, form)
-            packs = micro.ResidentPacks(Twins(module.pack_right_serial, module.pack_right).pick(parallel), nb, k, n,
-                                        got[0], int(parallel))
+            packs = micro.ResidentPacks.shared((dt, form), Twins(module.pack_right_serial, module.pack_right).pick(parallel),
+                                               nb, k, n, got[0], int(parallel))
         else:  # large: packed in every call into a buffer kept per thread
             cols = micro.panel_columns(form, dt)
             size = (nb if got[0][2] != 0 else 1) * k * -(-n // cols) * cols

@@ -497,31 +497,54 @@ KEPT_PACK_BYTES = 32 << 20
 class KeptBuffer:
     """A buffer of ``size`` elements of ``dt`` per calling thread, which a contraction kernel
     packs its right operand into in every call (``buffer(value)``, ``value`` unused: the
-    runner's derived-argument form); each kernel (each contraction of a plan) has its own, and
-    a thread's serves one call at a time."""
+    runner's derived-argument form). A thread runs one kernel at a time, so every kernel of
+    every plan shares the thread's one buffer per dtype (the largest asked for): a new extent's
+    plan finds its pages already touched, where a buffer of its own faulted them in."""
+
+    _local = threading.local()
 
     def __init__(self, size: int, dt: str):
         self._size, self._dt = size, dt
-        self._local = threading.local()
 
     def __call__(self, value: Any = None) -> np.ndarray:
-        buffer = getattr(self._local, "buffer", None)
-        if buffer is None:
-            buffer = self._local.buffer = np.empty(self._size, self._dt)
-        return buffer
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is None:
+            buffers = self._local.buffers = {}
+        buffer = buffers.get(self._dt)
+        if buffer is None or buffer.size < self._size:
+            buffer = buffers[self._dt] = np.empty(self._size, self._dt)
+        return buffer[:self._size]
 
 
 class ResidentPacks:
     """The ``bcast`` form's packed right operand, made once per resident bank value (a
     runtime-owned array that never changes while it lives) instead of once per call:
     ``packs(value)``. Entries go when their value does. ``pack_right``: the generated
-    module's (:func:`pack_source`); ``layout``: the operand's (trans, ld, batch stride)."""
+    module's (:func:`pack_source`); ``layout``: the operand's (trans, ld, batch stride).
+    :meth:`shared` gives every kernel packing alike the same instance: the plans of other
+    extents find the bank packed."""
+
+    _shared: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+    _shared_lock = threading.Lock()
 
     def __init__(self, pack_right, nb: int, k: int, n: int, layout: tuple[int, int, int], par: int = 1):
         tb, ldb, sbb = layout
         self._pack = lambda value: pack_right(value.reshape(-1), nb, k, n, sbb, ldb, tb, par)
         self._packed: dict[int, tuple[weakref.ref, np.ndarray]] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, packer: tuple[str, str], pack_right, nb: int, k: int, n: int, layout: tuple[int, int, int],
+               par: int = 1) -> "ResidentPacks":
+        """The instance of every kernel whose ``packer`` (dtype, form) packs a [nb, k, n] operand
+        of this layout: the packed panels do not depend on the call's rows, nor on ``par`` (how
+        many threads pack them)."""
+        key = (*packer, nb, k, n, tuple(layout))
+        with cls._shared_lock:
+            packs = cls._shared.get(key)
+            if packs is None:
+                packs = cls._shared[key] = cls(pack_right, nb, k, n, layout, par)
+        return packs
 
     def __call__(self, value: np.ndarray) -> np.ndarray:
         key = id(value)

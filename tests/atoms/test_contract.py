@@ -687,9 +687,38 @@ def test_a_large_right_operand_is_packed_into_a_kept_buffer_with_the_same_bits(m
         close(got[True, which], reference(node, a, right), k)
 
 
+def test_kept_pack_buffers_are_one_per_thread_and_dtype():
+    """Every kernel of every plan packs into its thread's one buffer of a dtype, grown to the
+    largest size asked for: a plan at a new extent touches no new memory for it."""
+    import threading
+
+    from atoms.contract import micro
+
+    small, large = micro.KeptBuffer(50, "float32"), micro.KeptBuffer(4000, "float32")
+    got = {}
+
+    def in_a_new_thread(name, fn):  # (a thread of its own: no buffer yet)
+        thread = threading.Thread(target=lambda: got.__setitem__(name, fn()))
+        thread.start()
+        thread.join()
+
+    def grow():
+        first = micro.KeptBuffer(100, "float32")()
+        assert first.size == 100 and np.shares_memory(first, small())
+        grown = large()
+        assert grown.size == 4000 and np.shares_memory(grown, small()) and not np.shares_memory(grown, first)
+        wide = micro.KeptBuffer(50, "float64")()
+        assert wide.dtype == np.float64 and not np.shares_memory(wide, grown)
+        return grown
+
+    in_a_new_thread("grown", grow)
+    in_a_new_thread("other", small)
+    assert got["other"].size == 50 and not np.shares_memory(got["other"], got["grown"])
+
+
 def test_a_kept_pack_buffer_in_a_compiled_driver(monkeypatch):
     """The same in a plan's compiled driver (the buffer a derived argument): two products with
-    large right operands in one driver each pack into their own buffer."""
+    large right operands in one driver pack into the thread's one buffer, one after the other."""
     import runtime
     from atoms.contract import micro
     from runtime.testing import ProgramBuilder, warm_drivers
