@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 _START = time.time()
 REPO = Path(__file__).resolve().parent.parent
 BLOCK_DIMS = {"D": 512, "H": 8, "Dh": 64, "F": 2048}
@@ -125,12 +127,15 @@ def _new_extent() -> dict:
     def block_data(t):
         return transformer.transformer_block_data(t, full=True, dims=BLOCK_DIMS)
 
-    cases = {"seed": (lambda: runtime.compile(programs.seed_program("float32"), "cpu"), seed_data, 64,
+    def block_inputs(t):  # (a new extent's request: its inputs, not a new set of weights)
+        return {"inputs": transformer.transformer_block_inputs(t, BLOCK_DIMS["D"], np.random.default_rng(t))}
+
+    cases = {"seed": (lambda: runtime.compile(programs.seed_program("float32"), "cpu"), seed_data, seed_data, 64,
                       (4097, 1000, 300, 77)),
              "block": (lambda: runtime.compile(transformer.transformer_block_program(full=True, dims=BLOCK_DIMS),
-                                               "cpu"), block_data, 64, (512, 100, 300, 77))}
+                                               "cpu"), block_data, block_inputs, 64, (512, 100, 300, 77))}
     out = {}
-    for name, (make, data_for, warm_extent, extents) in cases.items():
+    for name, (make, data_for, inputs_for, warm_extent, extents) in cases.items():
         for how in ("three_runs", "warmed"):
             exe = make()
             data = data_for(warm_extent)
@@ -142,7 +147,7 @@ def _new_extent() -> dict:
                 exe.warm()
             rows = []
             for t in extents:
-                data = {"inputs": data_for(t)["inputs"], "banks": banks}
+                data = {"inputs": inputs_for(t)["inputs"], "banks": banks}
                 before = compilelog.specialisations()
                 started = time.perf_counter()
                 first = exe.run(**data)

@@ -107,11 +107,16 @@ def transformer_block_data(tokens: int, full: bool = True, dims: dict[str, int] 
              "w3": normal((f, d), d), "w2": normal((d, f), f)}
     if full:
         banks["w2"] = banks["w2"].astype(np.float16)
-    inputs = {"x": rng.standard_normal((tokens, d)).astype(np.float32),
-              "positions": np.arange(tokens, dtype=np.int64),
-              "causal_mask": np.tril(np.ones((tokens, tokens), dtype=bool)),
-              "epsilon": np.float32(EPSILON)}
-    return {"inputs": inputs, "banks": banks}
+    return {"inputs": transformer_block_inputs(tokens, d, rng), "banks": banks}
+
+
+def transformer_block_inputs(tokens: int, d: int, rng: np.random.Generator) -> dict[str, Any]:
+    """The block's inputs alone (a served program's next request at a new length brings these,
+    not a new set of weights: making one would also evict the served weights from the caches)."""
+    return {"x": rng.standard_normal((tokens, d)).astype(np.float32),
+            "positions": np.arange(tokens, dtype=np.int64),
+            "causal_mask": np.tril(np.ones((tokens, tokens), dtype=bool)),
+            "epsilon": np.float32(EPSILON)}
 
 
 def write_example(full: bool = True) -> None:

@@ -44,6 +44,9 @@ def _cases():
             t(("H", "S", "K"), (H, s, s)), t(("S", "H", "Dh"), (s, H, DH)), attrs("S", ("K", "H", "Dh")))
         cases[f"dV = dOᵀ·P, S={s}: [K,H,Dh] = dO[S,H,Dh]·P[H,S,K]"] = (
             t(("S", "H", "Dh"), (s, H, DH)), t(("H", "S", "K"), (H, s, s)), attrs("S", ("K", "H", "Dh")))
+    for m, n in ((1024, 4096), (4096, 1024)):  # the MLP's weight gradients at T=4096
+        cases[f"MLP dW, T=4096: [M={m},N={n}] = g[T,M]ᵀ·x[T,N]"] = (
+            t("TM", (4096, m)), t("TN", (4096, n)), attrs("T", "MN"))
     return cases
 
 
@@ -71,6 +74,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--forms", default="default,none,rows,bcast,blocked")
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--only", help="the cases whose name holds this text")
     p.add_argument("--grid", action="store_true", help="products of few rows (tiles.BLOCKED_COLUMN_COLS)")
     p.add_argument("--column-cols", type=int, help="tiles.BLOCKED_COLUMN_COLS for this run")
     args = p.parse_args()
@@ -79,6 +83,8 @@ def main() -> None:
     spec = next(s for s in SPECS if s.name == "contract")
     rng = np.random.default_rng(0)
     for name, (lt, rt, attributes) in (_grid() if args.grid else _cases()).items():
+        if args.only and args.only not in name:
+            continue
         a, b = rng.standard_normal(lt.shape, dtype=np.float32), rng.standard_normal(rt.shape, dtype=np.float32)
         node = bind_node(spec, attributes, [lt, rt])
         first, cells = None, []

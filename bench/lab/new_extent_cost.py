@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import first_result, transformer  # noqa: E402
 
@@ -73,9 +75,11 @@ def main() -> None:
     exe.warm()
     banks = data["banks"]
     for s in (int(v) for v in args.extents.split(",")):
-        data = transformer.transformer_block_data(s, full=True, dims=dims)
-        if not args.new_banks:
-            data = {"inputs": data["inputs"], "banks": banks}
+        if args.new_banks:
+            data = transformer.transformer_block_data(s, full=True, dims=dims)
+        else:  # (only the inputs made: a whole new set of weights would evict the served ones)
+            data = {"inputs": transformer.transformer_block_inputs(s, dims["D"], np.random.default_rng(s)),
+                    "banks": banks}
         for k in range(3):
             spent.clear()
             factories.clear()
