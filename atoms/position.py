@@ -239,9 +239,9 @@ def _cpu_sinusoidal(request: KernelRequest) -> Kernel:
     args = [("co", co_dt, rank, False), ("om", out_dt, 1, False), ("out", out_dt, rank, True)]
     body = _sinusoidal_body(rank, width, "_u(1)")
     label = f"position-sinusoidal W={width} rank {rank} {out_dt} from {co_dt}"
-    kernel = cg.NestKernel("possin", lambda par: cg.render(
-        label, args, cg.loop_nest([f"co.shape[{k}]" if k < rank - 1 else "om.shape[0]"
-                                   for k in range(rank)], body, par), par))
+    dims = [f"co.shape[{k}]" if k < rank - 1 else "om.shape[0]" for k in range(rank)]
+    kernel = cg.NestKernel.shared("possin", (label, tuple(args), tuple(dims), tuple(body)),
+                                  lambda par: cg.render(label, args, cg.loop_nest(dims, body, par), par))
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         co = cg.contiguous(np.asarray(inputs[0])).reshape(cshape)
@@ -336,9 +336,9 @@ def _cpu_rotary(request: KernelRequest) -> Kernel:
     args = [("v", dt, rank, False), ("tc", dt, rank, False), ("ts", dt, rank, False), ("out", dt, rank, True)]
     body = _rotary_table_body(rank, position, pattern, "_u(1)")
     label = f"position-rotary feature axis {position} of rank {rank} {dt} by tables"
-    kernel = cg.NestKernel("posrot", lambda par: cg.render(
-        label, args, cg.loop_nest([f"{'tc' if k == position else 'out'}.shape[{k}]" for k in range(rank)],
-                            body, par), par))
+    dims = [f"{'tc' if k == position else 'out'}.shape[{k}]" for k in range(rank)]
+    kernel = cg.NestKernel.shared("posrot", (label, tuple(args), tuple(dims), tuple(body)),
+                                  lambda par: cg.render(label, args, cg.loop_nest(dims, body, par), par))
     space = pairs.shape
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:

@@ -191,9 +191,10 @@ def _cpu(request: KernelRequest) -> Kernel:
     flag = "bad" if check else None
     args = [("lg", dt, rank, False), ("mk", "boolean", rank, False), ("out", dt, rank, True)]
     label = f"masked-softmax axis {position} of rank {rank} {dt}{' counting' if check else ''}"
-    kernel = cg.NestKernel("softmax", lambda par: cg.render(
-        label, args, cg.loop_nest([f"lg.shape[{k}]" for k in space], body, par, flag), par,
-        "int64" if check else "void"))
+    dims = [f"lg.shape[{k}]" for k in space]
+    kernel = cg.NestKernel.shared("softmax", (label, tuple(args), tuple(dims), tuple(body), flag),
+                                  lambda par: cg.render(label, args, cg.loop_nest(dims, body, par, flag), par,
+                                                        "int64" if check else "void"))
     shape = ((1,) if lead else ()) + lt.shape
     space_shape = tuple(shape[k] for k in space)
     work = lt.elements

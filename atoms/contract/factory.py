@@ -4,6 +4,7 @@ that hands it the operands as BLAS sees them, the resident packs, and the BLAS g
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -44,7 +45,7 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
     scan_left = 0 in scanned
     left_view, right_view = batched_view(low.left_order, (nb, m, k)), batched_view(low.right_order, (nb, k, n))
     # the dot tile reads [M, K] · [N, K] only; operands in another layout (or copied) take bcast
-    static = [c_contiguous_layout(t.shape, batched_view(order, shape3, copy=False), dt)
+    static = [_batched_layout(t.shape, order, shape3, dt)
               for t, order, shape3 in ((lt, low.left_order, (nb, m, k)), (rt, low.right_order, (nb, k, n)))]
     dot_ok = None not in static and micro.usable("dot", static[0][0][0], static[1][0][0])
     left_k_leading = static[0] is not None and static[0][0][0] == 1
@@ -128,13 +129,20 @@ def cpu_anchor(request: KernelRequest) -> Kernel:
     return Kernel(run, Counts(inputs=scanned, extras=tuple(checked), outputs=values), compiled, twins.warm)
 
 
+@functools.lru_cache(maxsize=1024)
+def _batched_layout(shape: tuple[int, ...], order: tuple[int, ...], shape3: tuple[int, int, int], dt: str):
+    """:func:`c_contiguous_layout` of an operand of ``shape`` viewed as ``shape3`` (the runner's
+    and the compiled call's question, asked once)."""
+    return c_contiguous_layout(shape, batched_view(order, shape3, copy=False), dt)
+
+
 def _compiled_call(kernel, guard, micro_guard, form, types, orders, shapes, dt, epilogue, out_type, scan_left, scan_right,
                    ints, tables, nwork, packs, no_pack, kept=None) -> CompiledCall | None:
     """``run``'s kernel arguments, as :mod:`runtime.execution.driver` passes them, for C-contiguous operands:
     None when such an operand would still be copied or scanned in Python (see ``run``)."""
     operands = []
     for t, order, shape3 in zip(types, orders, shapes):
-        got = c_contiguous_layout(t.shape, batched_view(order, shape3, copy=False), dt)
+        got = _batched_layout(t.shape, order, shape3, dt)
         if got is None:
             return None
         operands.append(got)

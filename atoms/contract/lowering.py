@@ -82,16 +82,6 @@ def group_offsets(axes: Sequence[str], group: Sequence[str], shape: Sequence[int
     return offs
 
 
-def classify(offs: np.ndarray) -> tuple[str, int]:
-    """('zero'|'unit'|'affine'|'table', stride): the cheapest way to address a group."""
-    if offs.size == 1 or not offs.any():
-        return "zero", 0
-    step = int(offs[1] - offs[0])
-    if offs[0] == 0 and np.array_equal(offs, np.arange(offs.size, dtype=np.int64) * step):
-        return ("unit" if step == 1 else "affine"), step
-    return "table", 0
-
-
 @attrs.frozen
 class Addressing:
     """Offsets of (batch, M, N) groups in one flat array: kinds, strides and tables."""
@@ -101,19 +91,42 @@ class Addressing:
     tables: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]
 
 
+def group_kind(axes: Sequence[str], group: Sequence[str], shape: Sequence[int],
+               strides: Sequence[int]) -> tuple[str, int]:
+    """The cheapest way to address :func:`group_offsets`, ``('zero'|'unit'|'affine'|'table',
+    step)``, worked out from the extents and strides alone (no offsets made: a plan at a new
+    extent builds its addressing in time independent of the extents). The offsets are
+    ``arange(n) * step`` exactly when each axis of the group (extent 1 aside) steps over the
+    whole of the axes after it."""
+    pos = {a: i for i, a in enumerate(axes)}
+    dims = [(shape[pos[a]], strides[pos[a]]) for a in group if a in pos and shape[pos[a]] != 1]
+    if not dims or not any(st for _, st in dims):
+        return "zero", 0
+    step = dims[-1][1]
+    for (_, outer), (ext, inner) in zip(dims, dims[1:]):
+        if outer != inner * ext:
+            return "table", 0
+    if step == 0:  # (a broadcast fastest axis under a strided one: offsets repeat)
+        return "table", 0
+    return ("unit" if step == 1 else "affine"), step
+
+
 def addressing(axes: Sequence[str], shape: Sequence[int], strides: Sequence[int],
                low: Lowering) -> Addressing:
     kinds, steps, tables = [], [], []
     for group in (low.batch, low.m_axes, low.n_axes):
-        offs = group_offsets(axes, group, shape, strides)
-        kind, step = classify(offs)
+        kind, step = group_kind(axes, group, shape, strides)
         kinds.append(kind)
         steps.append(step)
-        tables.append(offs if kind == "table" else None)
+        tables.append(group_offsets(axes, group, shape, strides) if kind == "table" else None)
     return Addressing(tuple(kinds), tuple(steps), tuple(tables))
 
 
 _GENERALITY = {"zero": 0, "unit": 1, "affine": 2, "table": 3}
+
+
+def _group_size(axes: Sequence[str], group: Sequence[str], shape: Sequence[int]) -> int:
+    return math.prod(shape[axes.index(a)] for a in group if a in axes)
 
 
 def stable_addressing(axes: Sequence[str], shape: Sequence[int], strides: Sequence[int],
@@ -124,15 +137,14 @@ def stable_addressing(axes: Sequence[str], shape: Sequence[int], strides: Sequen
     tables stay the real ones (a group of one element is only ever read at offset 0)."""
     kinds, steps, tables = [], [], []
     for group in (low.batch, low.m_axes, low.n_axes):
-        offs = group_offsets(axes, group, shape, strides)
-        real, step = classify(offs)
-        probe, _ = classify(group_offsets(axes, group, probe_shape, probe_strides))
+        real, step = group_kind(axes, group, shape, strides)
+        probe, _ = group_kind(axes, group, probe_shape, probe_strides)
         kind = max(real, probe, key=_GENERALITY.get)
-        if kind == "unit" and offs.size > 1 and step != 1:  # (cannot happen: unit is the real kind)
-            kind = "affine"
+        if kind == "unit" and step != 1 and _group_size(axes, group, shape) > 1:  # (cannot happen:
+            kind = "affine"  # unit is the real kind)
         kinds.append(kind)
         steps.append(step if real in ("unit", "affine") else 0)
-        tables.append(offs if kind == "table" else None)
+        tables.append(group_offsets(axes, group, shape, strides) if kind == "table" else None)
     return Addressing(tuple(kinds), tuple(steps), tuple(tables))
 
 

@@ -106,14 +106,15 @@ class TensorType:
 
     @property
     def is_static(self) -> bool:
-        return all(isinstance(s, int) for s in self.sizes)
+        return str not in map(type, self.sizes)  # (sizes are ints or symbols; asked per node per plan)
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The concrete shape; only for resolved types."""
-        if not self.is_static:
+        sizes = self.sizes
+        if str in map(type, sizes):
             raise ValueError(f"type {self} has symbolic sizes")
-        return tuple(self.sizes)  # type: ignore[arg-type]
+        return sizes if type(sizes) is tuple else tuple(sizes)  # type: ignore[return-value]
 
     @property
     def elements(self) -> int:
@@ -127,12 +128,19 @@ class TensorType:
         return self.elements * ITEMSIZE[self.dtype]
 
     def evolve(self, **changes) -> "TensorType":
-        return attrs.evolve(self, **changes)
+        # (built directly: attrs.evolve reads the class's fields on every call, and planning a
+        # new extent evolves a type per instruction)
+        get = changes.pop
+        evolved = TensorType(get("axes", self.axes), get("sizes", self.sizes), get("dtype", self.dtype),
+                             get("domain", self.domain), get("schema_ref", self.schema_ref))
+        if changes:
+            raise TypeError(f"TensorType has no fields {sorted(changes)}")
+        return evolved
 
     def resolve(self, dims: Mapping[str, int], dtype: str | None = None) -> "TensorType":
         """Substitute known symbols (and a concrete dtype for 'floating')."""
         sizes = tuple(dims.get(s, s) if isinstance(s, str) else s for s in self.sizes)
-        return attrs.evolve(self, sizes=sizes, dtype=dtype or self.dtype)
+        return TensorType(self.axes, sizes, dtype or self.dtype, self.domain, self.schema_ref)
 
     def same_as(self, other: "TensorType") -> bool:
         """Equal as types (the schema_ref spelling does not matter)."""

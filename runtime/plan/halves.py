@@ -114,4 +114,4 @@ def widen_halves(nodes: Sequence[Node], outputs: Sequence[str], backend: str) ->
         unrounded[node.output_slot] = (wslot, wt)
     read = {s for n in out for s in n.input_slots} | set(outputs)
     kept = [n for n in out if n.atom is not NARROW or n.output_slot in read]
-    return [attrs.evolve(n, index=i) for i, n in enumerate(kept)]
+    return [n if n.index == i else attrs.evolve(n, index=i) for i, n in enumerate(kept)]

@@ -763,3 +763,28 @@ def test_the_blocked_tile_prefetches_the_next_panel_slice_and_computes_the_same_
         run([a, b], [], got[on])
     assert np.array_equal(got[True], got[False])
     close(got[True], reference(node, a, b), k)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_groups_addressing_kind_is_that_of_its_offsets(data):
+    """``lowering.group_kind`` classifies a group from extents and strides alone; it agrees
+    with the offsets themselves: all zero, ``arange(n)`` (unit), ``arange(n) * step`` (affine),
+    else a table."""
+    rank = data.draw(st.integers(1, 4))
+    axes = tuple("abcd"[:rank])
+    shape = tuple(data.draw(st.lists(st.sampled_from([1, 1, 2, 3, 5]), min_size=rank, max_size=rank)))
+    if data.draw(st.booleans()):  # C-order strides, with some axes broadcast (0)
+        strides = [0 if data.draw(st.booleans()) and rank > 1 else s for s in lowering.c_strides(shape)]
+    else:
+        strides = data.draw(st.lists(st.sampled_from([0, 1, 2, 3, 6, 15]), min_size=rank, max_size=rank))
+    group = tuple(data.draw(st.permutations(axes + ("z",)))[:data.draw(st.integers(0, rank + 1))])
+    offs = lowering.group_offsets(axes, group, shape, strides)
+    step = int(offs[1] - offs[0]) if offs.size > 1 else 0
+    if offs.size == 1 or not offs.any():
+        want = ("zero", 0)
+    elif np.array_equal(offs, np.arange(offs.size, dtype=np.int64) * step):
+        want = ("unit" if step == 1 else "affine", step)
+    else:
+        want = ("table", 0)
+    assert lowering.group_kind(axes, group, shape, strides) == want, (shape, strides, group, offs)
