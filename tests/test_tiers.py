@@ -75,6 +75,43 @@ def test_a_new_extent_renders_no_contraction_source_again(monkeypatch):
     assert len(renders) == first
 
 
+def test_a_new_extent_renders_no_loop_nest_source_again(monkeypatch):
+    """The masked-softmax, rotary and sinusoidal kernels are the process's one NestKernel of
+    their source (it depends on ranks, dtypes and layouts, not extents): a plan at a new extent
+    renders and hashes none of them again, and computes what the oracle does."""
+    from runtime.backends import cpu_codegen
+    from runtime.testing import ProgramBuilder
+    from runtime.toolkit import cpu as cg
+
+    b = ProgramBuilder("float32")
+    x, m = b.input("x", {"S": "S", "K": 4}), b.input("m", {"S": "S", "K": 4}, dtype="boolean")
+    v, pos = b.input("v", {"S": "S", "H": 2, "F": 4}), b.input("pos", {"S": "S"}, dtype="int64")
+    q = b.input("q", {"S": "S"})
+    y = b.op("masked-softmax", [x, m], {"axis": "K", "accumulation_dtype": "float32"})
+    rot = b.op("position-rotary", [v, pos], {"feature_axis": "F", "base": 100.0})
+    sin = b.op("position-sinusoidal", [q], {"feature_axis": "W", "feature_size": 6, "dtype": "float32",
+                                             "base": 50.0})
+    program = b.build([y, rot, sin])
+    exe, oracle = runtime.compile(program, "cpu", tiered=False), runtime.compile(program, "reference")
+
+    def values(s):
+        rng = np.random.default_rng(s)
+        return {"x": rng.standard_normal((s, 4), dtype=np.float32), "m": rng.random((s, 4)) > 0.3,
+                "v": rng.standard_normal((s, 2, 4), dtype=np.float32), "pos": np.arange(s) * 3,
+                "q": rng.standard_normal(s, dtype=np.float32)}
+
+    exe.run(inputs=values(5))
+    renders = []
+    for module in (cpu_codegen, cg):
+        real = module.render
+        monkeypatch.setattr(module, "render", lambda *a, real=real, **k: renders.append(1) or real(*a, **k))
+    for s in (7, 9):
+        got, want = exe.run(inputs=values(s)), oracle.run(inputs=values(s))
+        for slot in (y, rot, sin):
+            np.testing.assert_allclose(got[slot], want[slot], rtol=1e-5, atol=1e-6)
+    assert renders == []
+
+
 def test_new_extents_of_the_transformer_block_compile_nothing_after_warm_up():
     exe = runtime.compile(transformer.transformer_block_program(full=True), "cpu", tiered=False)
     for tokens in (8, 1):
