@@ -249,6 +249,47 @@ def test_one_driver_serves_every_extent_of_a_symbolic_axis():
     assert first.call is second.call and first.constants[0].tolist() != second.constants[0].tolist()
 
 
+def _plan_at(exe, s):
+    return next(c for c in exe._plans.values() if c.plan.dims["S"] == s)
+
+
+def test_a_new_extent_takes_the_drivers_of_another_at_its_first_run():
+    """A plan at a new extent whose drivers another plan built (their modules loaded, their
+    code compiled for these types) takes them at its first run, in the foreground: no run of
+    it launches those kernels from Python, and no background thread builds them again."""
+    exe = runtime.compile(norm_program(), "cpu", tiered=False)
+    warmed(exe, *norm_values(5, seed=5))
+    inputs, banks = norm_values(9, seed=9)
+    first = exe.run(inputs=inputs, banks=banks)
+    first = {k: first[k].copy() for k in first}
+    plan = _plan_at(exe, 9)
+    assert plan.driver() is not None and plan._driver_thread is None
+    launched = counted_launches(plan)
+    got = exe.run(inputs=inputs, banks=banks)
+    got = {k: got[k].copy() for k in got}
+    segments = {k for part in plan.driver().parts if not isinstance(part, int) for k in part.launches}
+    assert segments and not segments & set(launched)
+    by_kernel = exe.run(inputs=inputs, banks=banks, trace=True)
+    assert set(launched) == set(range(len(plan.launches)))  # (a traced run launches each from Python)
+    for k in got:
+        np.testing.assert_array_equal(got[k], by_kernel[k])
+        np.testing.assert_array_equal(first[k], by_kernel[k])
+
+
+def test_a_new_extent_whose_first_values_the_drivers_cannot_take_builds_them_in_the_background():
+    """The same plan's first run with a binding of another layout: nothing is taken in the
+    foreground; the drivers build in the background from its DRIVER_AFTER_RUNS-th run."""
+    exe = runtime.compile(norm_program(), "cpu", tiered=False)
+    warmed(exe, *norm_values(5, seed=5))
+    inputs, banks = norm_values(9, seed=9)
+    strided = dict(inputs, ids=np.asfortranarray(inputs["ids"]))  # (not C-contiguous)
+    exe.run(inputs=strided, banks=banks)
+    plan = _plan_at(exe, 9)
+    assert plan._driver is None and plan._driver_thread is None
+    warm_drivers(exe, inputs, banks)
+    assert plan.driver() is not None and plan._driver_thread is not None
+
+
 def test_a_driver_is_renamed_when_a_kernel_it_calls_changes(tmp_path, monkeypatch):
     """Numba's disk cache checks only a function's own file, and a driver holds its callees'
     code: the digest of their sources in the driver's source keeps a cache from serving a

@@ -83,10 +83,15 @@ class CompiledPlan:
         built yet, or no two consecutive kernels that compiled code can call. Built in the
         background from the plan's :attr:`driver_after`-th run, and compiled there for the types
         of that run's ``values``: no run waits for it, and until it is ready runs launch their
-        kernels from Python."""
+        kernels from Python. A plan of a new extent whose drivers another plan of the program
+        has built takes them at its first run, when their code is loaded for these types (it
+        then compiles nothing, and its first runs need not launch from Python)."""
         if not self._driver_built or (self.warm_after is not None and self._warm_thread is None):
             with self._lock:
                 self._runs += 1
+                if self._runs == 1 and not self._driver_built and values and self.shelf is not None \
+                        and self.shelf.has_driver(self):
+                    self._driver_now(values)
                 if self.warm_after is not None and self._warm_thread is None and self._runs >= self.warm_after:
                     self._warm_thread = background.Thread(self._warm_variants, "formula-warm")
                     self._warm_thread.start()  # (refused once the process exits)
@@ -96,11 +101,24 @@ class CompiledPlan:
                     self._driver_thread.start()  # (refused once the process exits)
         return self._driver
 
-    def _build_driver(self, values: dict[str, Any]) -> None:
-        buffers = self.plan.buffers  # (resident banks always have the driver's layout)
+    def _driver_now(self, values: Mapping[str, Any]) -> None:
+        """The drivers built here, if their modules are loaded and compiled for the types of
+        ``values``; else nothing happens (they build in the background, as for any plan)."""
         try:
-            driver = build_driver(self.launches, frozenset(
-                s for s, b in buffers.items() if b.kind in ("input", "bank") and s not in self.resident))
+            driver = build_driver(self.launches, self._caller_slots(), loaded_only=True)
+        except Exception:  # NotLoaded; any other error the background build names (a driver is only faster)
+            return
+        if driver is not None and driver.takes(values) and driver.compiled_for(values):
+            self._driver = driver
+            self._driver_built = True
+
+    def _caller_slots(self) -> frozenset[str]:
+        """The slots a run's caller supplies (resident banks always have the driver's layout)."""
+        return frozenset(s for s, b in self.plan.buffers.items() if b.kind in ("input", "bank") and s not in self.resident)
+
+    def _build_driver(self, values: dict[str, Any]) -> None:
+        try:
+            driver = build_driver(self.launches, self._caller_slots())
             if driver is not None and values and driver.takes(values):  # (only their types are read)
                 driver.compile(values)
             self._driver = driver
@@ -207,6 +225,10 @@ class ArenaShelf:
 
     def add(self, plan: CompiledPlan) -> None:
         self._plans.add(plan)
+
+    def has_driver(self, asker: CompiledPlan) -> bool:
+        """Whether another plan has its compiled drivers (their code may serve ``asker``'s)."""
+        return any(plan._driver is not None for plan in list(self._plans) if plan is not asker)
 
     def take(self, nbytes: int, taker: CompiledPlan) -> Any:
         """An idle arena buffer of another plan that holds ``nbytes``, or None."""

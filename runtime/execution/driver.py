@@ -65,9 +65,17 @@ class Segment:
     def compile(self, values: Mapping[str, Any]) -> None:
         """Compile (or load from the disk cache) the call for the types of these values, so
         that a run taking the same types finds it ready."""
+        self.call.compile(self._signature(values))
+
+    def compiled_for(self, values: Mapping[str, Any]) -> bool:
+        """Whether the call has machine code for the types of these values (a call then
+        compiles nothing)."""
+        return self._signature(values) in self.call.overloads
+
+    def _signature(self, values: Mapping[str, Any]) -> tuple:
         from numba import typeof
 
-        self.call.compile(tuple(typeof(arg) for arg in self._args(values)))
+        return tuple(typeof(arg) for arg in self._args(values))
 
     def run(self, values: Mapping[str, Any]) -> int:
         args = self._args(values)
@@ -91,6 +99,10 @@ class Driver:
             if isinstance(part, Segment):
                 part.compile(values)
 
+    def compiled_for(self, values: Mapping[str, Any]) -> bool:
+        """Whether every segment has machine code for the types of these values."""
+        return all(part.compiled_for(values) for part in self.parts if isinstance(part, Segment))
+
     def takes(self, values: Mapping[str, Any]) -> bool:
         """Whether these values have the layout the driver was built for."""
         for slot in self.bindings:
@@ -103,16 +115,21 @@ class Driver:
 MIN_SEGMENT = 2  # launches: a lone kernel is not worth a driver module of its own
 
 
-def build_driver(launches: Sequence[Any], bindings: frozenset[str]) -> Driver | None:
+class NotLoaded(Exception):
+    """A segment's module is not loaded in this process (``build_driver(loaded_only=True)``)."""
+
+
+def build_driver(launches: Sequence[Any], bindings: frozenset[str], loaded_only: bool = False) -> Driver | None:
     """The driver of these launches (``launches.Launch``): segments of at least
     :data:`MIN_SEGMENT` consecutive launches whose kernel has a :class:`CompiledCall` and no
-    value check before it; None when there is no such segment."""
+    value check before it; None when there is no such segment. ``loaded_only``: raise
+    :class:`NotLoaded` rather than import a segment's module (a disk load in the foreground)."""
     parts: list[Segment | int] = []
     run: list[int] = []
 
     def flush() -> None:
         if len(run) >= MIN_SEGMENT:
-            parts.append(build_segment(launches, tuple(run), bindings))
+            parts.append(build_segment(launches, tuple(run), bindings, loaded_only))
         else:
             parts.extend(run)
         run.clear()
@@ -155,9 +172,11 @@ def sources_stamp(modules: Sequence[str]) -> str:
     return source_stamp(*files, length=20)
 
 
-def build_segment(plan_launches: Sequence[Any], positions: tuple[int, ...], bindings: frozenset[str]) -> Segment:
+def build_segment(plan_launches: Sequence[Any], positions: tuple[int, ...], bindings: frozenset[str],
+                  loaded_only: bool = False) -> Segment:
     """One compiled call of the launches at these positions, each with a :class:`CompiledCall`
-    (``bindings``: the plan's slots that the caller supplies)."""
+    (``bindings``: the plan's slots that the caller supplies; ``loaded_only``: see
+    :func:`build_driver`)."""
     launches = [plan_launches[i] for i in positions]
     calls = [launch.kernel.compiled for launch in launches]
     slots: dict[str, int] = {}  # slot id -> parameter position
@@ -216,7 +235,10 @@ def build_segment(plan_launches: Sequence[Any], positions: tuple[int, ...], bind
         src.add([f"f{j} = v{j}.reshape(v{j}.size)" for j in range(len(order))], "n = 0", body, "return n")
     source = src.text()
     configure_numba_cache()
-    call = load_generated(source, "driver").driver
+    module = load_generated(source, "driver", loaded_only)
+    if module is None:
+        raise NotLoaded(source.splitlines()[0])
+    call = module.driver
     guards = tuple(dict.fromkeys(c.guard for c in calls if c.guard is not None))
     return Segment(call, tuple(order), tuple(s for s in order if s in bindings),
                    (np.array(ints, np.int64), *arrays), tuple(derived), guards, positions)

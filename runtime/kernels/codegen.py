@@ -344,10 +344,13 @@ class Source:
         return "\n".join(self.module_lines()) + "\n"
 
 
-def load_generated(source: str, prefix: str = "gen"):
-    """Import generated ``source`` as a module (memoised per process) and return it."""
+def load_generated(source: str, prefix: str = "gen", loaded_only: bool = False):
+    """Import generated ``source`` as a module (memoised per process) and return it;
+    ``loaded_only``: None unless this process has imported it already."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     name = f"_formula_{prefix}_{digest}"
+    if loaded_only:
+        return _modules.get(name)
     with _lock:
         mod = _modules.get(name)
         if mod is not None:
