@@ -143,8 +143,12 @@ class Program:
     def slot(self, slot_id: str) -> Slot:
         return self._slots_by_id[slot_id]
 
+    @cached_property
+    def _slot_indices(self) -> dict[str, int]:
+        return {s.slot_id: i for i, s in enumerate(self.slots)}
+
     def slot_index(self, slot_id: str) -> int:
-        return next(i for i, s in enumerate(self.slots) if s.slot_id == slot_id)
+        return self._slot_indices[slot_id]
 
     def binding(self, name: str) -> Binding:
         return next(b for b in self.bindings if b.name == name)
