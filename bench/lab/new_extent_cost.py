@@ -3,7 +3,7 @@ bench/first_result.py (``new_extent``), warmed at S=64, then at each new S the f
 into the binding checks, the plan build (its schedule part apart), taking the arena and the
 execution, against the same run's next two.
 
-    python bench/lab/new_extent_cost.py [--extents 100,300,77] [--new-banks] [--fresh-arenas]
+    python bench/lab/new_extent_cost.py [--extents 100,300,77] [--runs 3] [--drivers] [--new-banks] [--fresh-arenas]
 
 Each run's line also gives the page faults it took (``getrusage``'s minor faults), and a first
 run's line the plan build's kernel factories, per anchor atom (``chain``: an anchorless chain).
@@ -30,6 +30,9 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--extents", default="100,300,77")
+    p.add_argument("--runs", type=int, default=3, help="runs at each extent")
+    p.add_argument("--drivers", action="store_true",
+                   help="S=64 runs until its plan's compiled drivers build (DRIVER_AFTER_RUNS), not 3 times")
     p.add_argument("--fresh-arenas", action="store_true", help="no plan takes another's idle arena")
     p.add_argument("--new-banks", action="store_true",
                    help="new bank arrays at each extent too (by default the first extent's: a served "
@@ -69,7 +72,7 @@ def main() -> None:
     dims = first_result.BLOCK_DIMS
     exe = runtime.compile(transformer.transformer_block_program(full=True, dims=dims), "cpu")
     data = transformer.transformer_block_data(64, full=True, dims=dims)
-    for _ in range(3):
+    for _ in range(compiled.DRIVER_AFTER_RUNS if args.drivers else 3):
         exe.run(**data)
     exe.wait_compiled()
     exe.warm()
@@ -80,7 +83,7 @@ def main() -> None:
         else:  # (only the inputs made: a whole new set of weights would evict the served ones)
             data = {"inputs": transformer.transformer_block_inputs(s, dims["D"], np.random.default_rng(s)),
                     "banks": banks}
-        for k in range(3):
+        for k in range(args.runs):
             spent.clear()
             factories.clear()
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
