@@ -93,6 +93,14 @@ def rows_one_by_one(mr, rows_of):
     return src
 
 
+class _NoResidentPacks:
+    """``micro.ResidentPacks`` that gives no packs: a resident bank is packed in every call."""
+
+    @staticmethod
+    def shared(*args, **kwargs):
+        return None
+
+
 def variants(inputs, banks, only: list[str] | None = None):
     """name -> (executable, keep results?, banks to run with), each with one mechanism
     switched off; ``only``: the baseline and these (all when None)."""
@@ -114,7 +122,7 @@ def variants(inputs, banks, only: list[str] | None = None):
               "4 tiles/thread": (lambda: built(inputs, banks, tiles, "TILES_PER_THREAD", 4), False),
               "BLAS tiles": (lambda: built(inputs, banks, micro, "choose_form", lambda *dims: None), False),
               "bcast from 2048 rows": (lambda: built(inputs, banks, micro, "BCAST_MIN_ROWS", 2048), False),
-              "B packed per call": (lambda: built(inputs, banks, micro, "ResidentPacks", lambda *args: None), False),
+              "B packed per call": (lambda: built(inputs, banks, micro, "ResidentPacks", _NoResidentPacks), False),
               "x·Aᵀ on dot": (lambda: built(inputs, banks, micro, "BCAST_WIDE_MIN_ROWS", 1 << 62), False),
               "remainder rows one by one": (lambda: built(inputs, banks, micro, "_row_blocks", rows_one_by_one), False),
               "left rows unpacked": (lambda: built(inputs, banks, micro, "PACK_LEFT_MIN_PANELS", 1 << 30), False),
