@@ -65,8 +65,12 @@ def _contract_side(ctx, me: int, other: int, pairs, acc: str) -> str:
     o = ctx.inputs[other]
     if own_axes:
         out_axes = [partner.get(a, a) for a in tm.axes]
-        g = ctx.op("contract", [ybar, o], {"reduce_axes": [[a, a] for a in own_axes],
-                                           "output_axes": out_axes, "accumulation_dtype": acc})
+        # the operand of the result's last (fastest) axis goes right, as N: the kernels write
+        # rows of N (attention's dV = Pᵀ·dO: 0.16 against 0.28 ms at S=128, 36 against 43 at 2048)
+        last = out_axes[-1] if out_axes else None
+        operands = [o, ybar] if last in ty.axes and last not in to.axes else [ybar, o]
+        g = ctx.op("contract", operands, {"reduce_axes": [[a, a] for a in own_axes],
+                                          "output_axes": out_axes, "accumulation_dtype": acc})
         return ctx.rename(g, {theirs: mine for mine, theirs in pairs})
     # nothing to sum: an outer (or batched) product, ȳ repeated along my reduced axes
     spread = ctx.broadcast_to(ybar, tm)

@@ -361,6 +361,33 @@ def test_the_forward_program_stays_as_it_was():
     runtime.load_program(json.dumps(g.program))  # valid as JSON text too
 
 
+def test_a_contraction_gradient_takes_the_operand_of_its_last_axis_on_the_right():
+    """dV = Pᵀ·dO of attention's output O = P·V: V's last axis (Dh) comes from dO, so the rule
+    writes contract(P, dO), whose kernels write rows of Dh (contract(dO, P) wrote a column of
+    the result per row of its tile); a gradient whose last axis is the other operand's keeps
+    the cotangent first. Both equal the oracle's."""
+    b = ProgramBuilder("float64")
+    p, v = b.input("p", {"H": 2, "S": 5, "K": 4}), b.input("v", {"K": 4, "H": 2, "Dh": 3})
+    o = b.op("contract", [p, v], {"reduce_axes": [["K", "K"]], "output_axes": ["S", "H", "Dh"],
+                                  "accumulation_dtype": "float32"})
+    program = b.build([o])
+    g = runtime.vjp(program, wrt=["p", "v"])
+    (cotangent,) = g.cotangents.values()
+    made = {i["output_slot"]: i for i in g.program["instructions"]}
+    dv, dp = made[g.gradients["v"]], made[g.gradients["p"]]
+    assert dv["atom_ref"] == dp["atom_ref"] == "arti/formula-atom-contract@1"
+    assert dv["input_slots"] == ["p", cotangent]  # V's last axis, Dh, is the cotangent's
+    assert dp["input_slots"] == [cotangent, "v"]  # P's last axis, K, is V's
+    rng = np.random.default_rng(0)
+    values = {"p": rng.standard_normal((2, 5, 4)), "v": rng.standard_normal((4, 2, 3)),
+              cotangent: rng.standard_normal((5, 2, 3))}
+    got = runtime.compile(g.program, "cpu").run(inputs=values)
+    want = runtime.compile(g.program, "reference").run(inputs=values)
+    np.testing.assert_allclose(got[g.gradients["v"]], np.einsum("hsk,shd->khd", values["p"], values[cotangent]))
+    for name in ("p", "v"):
+        np.testing.assert_allclose(got[g.gradients[name]], want[g.gradients[name]], rtol=1e-12)
+
+
 def test_inactive_paths_emit_nothing_and_unreached_bindings_get_zeros():
     b = ProgramBuilder("float32")
     x = b.input("x", {"T": 3})

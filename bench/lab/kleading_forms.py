@@ -6,6 +6,7 @@ the runtime's own kernel: the measurements behind ``tiles.WGRAD_BLAS_MIN_K`` and
     python bench/lab/kleading_forms.py [--forms default,none,bcast,blocked] [--reps 30]
     python bench/lab/kleading_forms.py --grid --forms default --column-cols 1024   # and 256
 
+``--wide``: weight gradients of wide layers instead (M 512-4096, N 1024-4096, K 2048 and 4096).
 ``--grid``: products of few rows instead (M 16-128, K 256 and 1024, N 512-2048, the left operand
 K-leading and row-major), the cases behind ``tiles.BLOCKED_COLUMN_COLS``; ``--column-cols`` sets it.
 
@@ -66,6 +67,19 @@ def _grid():
     return cases
 
 
+def _wide():
+    """Weight gradients of wide layers: gᵀ·x with the left operand K-leading, M 512-4096 rows,
+    N 1024-4096 columns, K (tokens) 2048 and 4096 (the MLP's at T=4096 among them)."""
+    from runtime.core.types import TensorType
+
+    def t(axes, sizes):
+        return TensorType(tuple(axes), tuple(sizes), "float32", "d")
+
+    attributes = {"reduce_axes": [["T", "T"]], "output_axes": ["M", "N"], "accumulation_dtype": "float32"}
+    return {f"K-leading M={m} N={n} K={k}": (t("TM", (k, m)), t("TN", (k, n)), attributes)
+            for k in (2048, 4096) for m in (512, 1024, 2048, 4096) for n in (1024, 2048, 4096)}
+
+
 def main() -> None:
     from atoms.contract import SPECS, tiles
     from runtime.plugins.atomspec import bind_node
@@ -76,13 +90,14 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--only", help="the cases whose name holds this text")
     p.add_argument("--grid", action="store_true", help="products of few rows (tiles.BLOCKED_COLUMN_COLS)")
+    p.add_argument("--wide", action="store_true", help="weight gradients of wide layers (M, N >= 512, long K)")
     p.add_argument("--column-cols", type=int, help="tiles.BLOCKED_COLUMN_COLS for this run")
     args = p.parse_args()
     if args.column_cols:
         tiles.BLOCKED_COLUMN_COLS = args.column_cols
     spec = next(s for s in SPECS if s.name == "contract")
     rng = np.random.default_rng(0)
-    for name, (lt, rt, attributes) in (_grid() if args.grid else _cases()).items():
+    for name, (lt, rt, attributes) in (_grid() if args.grid else _wide() if args.wide else _cases()).items():
         if args.only and args.only not in name:
             continue
         a, b = rng.standard_normal(lt.shape, dtype=np.float32), rng.standard_normal(rt.shape, dtype=np.float32)
