@@ -240,8 +240,7 @@ def _cpu_sinusoidal(request: KernelRequest) -> Kernel:
     body = _sinusoidal_body(rank, width, "_u(1)")
     label = f"position-sinusoidal W={width} rank {rank} {out_dt} from {co_dt}"
     dims = [f"co.shape[{k}]" if k < rank - 1 else "om.shape[0]" for k in range(rank)]
-    kernel = cg.NestKernel.shared("possin", (label, tuple(args), tuple(dims), tuple(body)),
-                                  lambda par: cg.render(label, args, cg.loop_nest(dims, body, par), par))
+    kernel = cg.NestKernel.loop("possin", label, args, dims, body)
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
         co = cg.contiguous(np.asarray(inputs[0])).reshape(cshape)
@@ -337,8 +336,7 @@ def _cpu_rotary(request: KernelRequest) -> Kernel:
     body = _rotary_table_body(rank, position, pattern, "_u(1)")
     label = f"position-rotary feature axis {position} of rank {rank} {dt} by tables"
     dims = [f"{'tc' if k == position else 'out'}.shape[{k}]" for k in range(rank)]
-    kernel = cg.NestKernel.shared("posrot", (label, tuple(args), tuple(dims), tuple(body)),
-                                  lambda par: cg.render(label, args, cg.loop_nest(dims, body, par), par))
+    kernel = cg.NestKernel.loop("posrot", label, args, dims, body)
     space = pairs.shape
 
     def run(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:

@@ -192,9 +192,7 @@ def _cpu(request: KernelRequest) -> Kernel:
     args = [("lg", dt, rank, False), ("mk", "boolean", rank, False), ("out", dt, rank, True)]
     label = f"masked-softmax axis {position} of rank {rank} {dt}{' counting' if check else ''}"
     dims = [f"lg.shape[{k}]" for k in space]
-    kernel = cg.NestKernel.shared("softmax", (label, tuple(args), tuple(dims), tuple(body), flag),
-                                  lambda par: cg.render(label, args, cg.loop_nest(dims, body, par, flag), par,
-                                                        "int64" if check else "void"))
+    kernel = cg.NestKernel.loop("softmax", label, args, dims, body, flag)
     shape = ((1,) if lead else ()) + lt.shape
     space_shape = tuple(shape[k] for k in space)
     work = lt.elements

@@ -125,10 +125,6 @@ def addressing(axes: Sequence[str], shape: Sequence[int], strides: Sequence[int]
 _GENERALITY = {"zero": 0, "unit": 1, "affine": 2, "table": 3}
 
 
-def _group_size(axes: Sequence[str], group: Sequence[str], shape: Sequence[int]) -> int:
-    return math.prod(shape[axes.index(a)] for a in group if a in axes)
-
-
 def stable_addressing(axes: Sequence[str], shape: Sequence[int], strides: Sequence[int],
                       probe_shape: Sequence[int], probe_strides: Sequence[int], low: Lowering) -> Addressing:
     """``addressing`` whose kinds do not depend on an axis having extent 1: the kinds are the
@@ -139,9 +135,7 @@ def stable_addressing(axes: Sequence[str], shape: Sequence[int], strides: Sequen
     for group in (low.batch, low.m_axes, low.n_axes):
         real, step = group_kind(axes, group, shape, strides)
         probe, _ = group_kind(axes, group, probe_shape, probe_strides)
-        kind = max(real, probe, key=_GENERALITY.get)
-        if kind == "unit" and step != 1 and _group_size(axes, group, shape) > 1:  # (cannot happen:
-            kind = "affine"  # unit is the real kind)
+        kind = max(real, probe, key=_GENERALITY.get)  # (unit only when the real kind is: step 1)
         kinds.append(kind)
         steps.append(step if real in ("unit", "affine") else 0)
         tables.append(group_offsets(axes, group, shape, strides) if kind == "table" else None)

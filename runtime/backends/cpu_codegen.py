@@ -170,6 +170,15 @@ class NestKernel:
             kernel = cls._shared.setdefault((prefix, key), cls(prefix, make_source))
         return kernel
 
+    @classmethod
+    def loop(cls, prefix: str, label: str, args: Sequence[tuple[str, str, int, bool]], dims: Sequence[str],
+             body: Sequence[str], flag: str | None = None) -> "NestKernel":
+        """:meth:`shared` for the usual source: ``render(label, args, loop_nest(dims, body, par,
+        flag), par)``, returning the count ``flag`` gathers when there is one."""
+        return cls.shared(prefix, (label, tuple(args), tuple(dims), tuple(body), flag),
+                          lambda par: render(label, args, loop_nest(dims, body, par, flag), par,
+                                             "int64" if flag else "void"))
+
     def parallel(self):
         if self._parallel is None:
             twin = NestKernel._twins.get(self._key)
@@ -275,9 +284,7 @@ def elementwise_kernel(request: KernelRequest) -> Kernel:
     label = f"elementwise {epilogue.key}{f' counting {checked}' if checked else ''}" \
             f"{' checking values' if values else ''} -> {out_dt} rank {rank}" + \
             (f" in-out {list(request.output_extras)}" if request.output_extras else "")
-    kernel = NestKernel.shared("ew", (label, tuple(args), tuple(dims), tuple(body), flag),
-                               lambda par: render(label, args, loop_nest(dims, body, par, flag), par,
-                                                  "int64" if flag else "void"))
+    kernel = NestKernel.loop("ew", label, args, dims, body, flag)
 
     def run(inputs: Sequence[np.ndarray], extras: Sequence[np.ndarray], out: np.ndarray) -> int | None:
         arrays = [contiguous(x, sl, cs) for x, (sl, cs) in zip(extras, prepare)]

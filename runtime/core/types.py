@@ -111,9 +111,9 @@ class TensorType:
     @property
     def shape(self) -> tuple[int, ...]:
         """The concrete shape; only for resolved types."""
-        sizes = self.sizes
-        if str in map(type, sizes):
+        if not self.is_static:
             raise ValueError(f"type {self} has symbolic sizes")
+        sizes = self.sizes
         return sizes if type(sizes) is tuple else tuple(sizes)  # type: ignore[return-value]
 
     @property
